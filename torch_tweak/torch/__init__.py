@@ -1,0 +1,1 @@
+"""torch_tweak's public API: ``import torch_tweak.torch as tt``."""

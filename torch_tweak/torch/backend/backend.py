@@ -1,0 +1,323 @@
+"""The Backend contract: configuration, state machine and the methods every backend implements.
+
+State machine::
+
+    INIT ──build()──▶ ACTIVE ◀──activate()── INACTIVE
+                        │ ▲                     ▲
+                        │ └─────activate()──────┤
+                        └──────deactivate()─────┘
+    from_dict() ──▶ CHECKPOINT_LOADED ──deploy(device)──▶ DEPLOYED
+                        └──activate()──▶ ACTIVE
+
+``infer`` works in ACTIVE and DEPLOYED only. A custom backend subclasses :class:`Backend` and implements
+``_build``, ``_activate``, ``_deactivate``, ``_deploy``, ``_infer``, ``to_dict`` and ``from_dict``
+(``key`` and ``describe`` derive from the backend's config by default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import gc
+import json
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from torch_tweak.errors import BackendStateError, ConfigError, UnsupportedDeviceError
+from torch_tweak.torch._device import normalize_device_string
+from torch_tweak.torch.module.spec import GraphSpec
+from torch_tweak.torch.module.tree import Sample
+from torch_tweak.utils.hashing import hash_string
+from torch_tweak.utils.permissions import open_secure, secure_mkdir
+from torch_tweak.utils.trace import annotate
+
+__all__ = ["Backend", "BackendConfig", "BackendState", "Sample"]
+
+
+class BackendState(enum.Enum):
+    """Lifecycle states of a backend."""
+
+    INIT = "init"
+    ACTIVE = "active"
+    INACTIVE = "inactive"
+    CHECKPOINT_LOADED = "checkpoint_loaded"
+    DEPLOYED = "deployed"
+
+
+@dataclass
+class BackendConfig:
+    """Base class of backend configurations (dataclasses validated in ``__post_init__``)."""
+
+    def key(self) -> str:
+        """Returns the keys of the backend configuration."""
+        config_dict = self._to_json(self.to_dict())
+        return hash_string(json.dumps(config_dict, sort_keys=True))
+
+    def describe(self) -> str:
+        """Describe the backend configuration. Display only changed fields."""
+        default = self.__class__()
+        return ",".join(self._get_changed_fields(self, default))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the state_dict of the backend."""
+        return asdict(self)
+
+    def to_json(self, path: str | Path) -> None:
+        """Saves the backend configuration to a file (created with owner-only permissions)."""
+        config_dict = self._to_json(self.to_dict())
+        with open_secure(path, "w") as f:
+            json.dump(config_dict, f, indent=2)
+
+    @classmethod
+    def from_dict(cls, state_dict: dict[str, Any]) -> BackendConfig:
+        """Create a config from :meth:`to_dict` output; unknown fields are refused."""
+        if not isinstance(state_dict, dict):
+            raise ConfigError(f"{cls.__name__}.from_dict expects a dict, got {type(state_dict).__name__}.")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(state_dict) - known)
+        if unknown:
+            raise ConfigError(f"{cls.__name__} has no field(s) {unknown}; known fields: {sorted(known)}.")
+        return cls(**state_dict)
+
+    @staticmethod
+    def _to_json(obj: Any) -> Any:
+        """Convert ``obj`` recursively into JSON-able values (dtypes and other objects become strings)."""
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            return obj
+        if isinstance(obj, enum.Enum):
+            return BackendConfig._to_json(obj.value)
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            return BackendConfig._to_json(asdict(obj))
+        if isinstance(obj, dict):
+            return {str(k): BackendConfig._to_json(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            items = sorted(obj, key=str) if isinstance(obj, (set, frozenset)) else obj
+            return [BackendConfig._to_json(v) for v in items]
+        if isinstance(obj, torch.dtype):
+            return str(obj).removeprefix("torch.")
+        return str(obj)
+
+    @staticmethod
+    def _get_changed_fields(config: BackendConfig, default: BackendConfig) -> list[str]:
+        """``name=value`` for every field whose value differs from the default."""
+        changed = []
+        for f in dataclasses.fields(config):
+            value = getattr(config, f.name)
+            if value != getattr(default, f.name):
+                shown = BackendConfig._to_json(value)
+                changed.append(f"{f.name}={shown}")
+        return changed
+
+
+class Backend(ABC):
+    """A way to run one graph of a module: built from the module, then asked to infer.
+
+    Class attributes:
+        requires_original_module: True if inference needs the wrapped module's own weights in memory.
+    """
+
+    STATE_TYPE: ClassVar[str] = "type"
+    STATE_CONFIG: ClassVar[str] = "config"
+    STATE_DEVICE: ClassVar[str] = "device"
+    STATE_GRAPH_SPEC: ClassVar[str] = "graph_spec"
+    STATE_OUTPUT_OBJECT: ClassVar[str] = "output_object"
+
+    _devices: ClassVar[tuple[str, ...]] = ("cpu", "xpu")
+    requires_original_module: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.state = BackendState.INIT
+        self._device: torch.device | None = None
+        self._logger = logging.getLogger(self.__class__.__module__)
+
+    # properties -------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """Name of a backend."""
+        return self.__class__.__name__
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device of the backend."""
+        return self._device
+
+    @property
+    def is_active(self) -> bool:
+        """True if the backend is active (ready for inference)."""
+        return self.state in (BackendState.ACTIVE, BackendState.DEPLOYED)
+
+    @property
+    def executed_precision(self) -> str:
+        """The numeric precision inference actually runs in (``fp32``, ``bf16``, ``fp16``, ``int8``...)."""
+        return "fp32"
+
+    # state machine ----------------------------------------------------------------------------
+
+    def build(
+        self,
+        module: nn.Module,
+        graph_spec: GraphSpec,
+        data: list[Sample],
+        device: torch.device,
+        cache_dir: Path,
+    ) -> Backend:
+        """Build the model with the given arguments.
+
+        Building a backend should be idempotent i.e. do not cause side effects. A model is not necessarily pure
+        functional and can have an internal state (like kv cache for LLMs). That is why build can call a sample of
+        inputs at most once so that subsequent calls have exact same state as the first call for the given sample.
+
+        After building, the backend should be activated.
+        """
+        if self.state == BackendState.INIT:
+            try:
+                self._assert_device(device)
+                self._set_device(device)
+                cache_dir = secure_mkdir(cache_dir)
+                config = getattr(self, "_config", None)
+                if isinstance(config, BackendConfig):
+                    config.to_json(cache_dir / "config.json")
+                ready_backend = self._build(module, graph_spec, data, cache_dir)
+                self.state = BackendState.ACTIVE
+                return ready_backend
+            except Exception as e:
+                self._logger.warning("Failed to build backend(%s): %s", self.__class__.__name__, e)
+                self._logger.debug("Build failure of %s", self.__class__.__name__, exc_info=True)
+                raise e
+        else:
+            raise BackendStateError(f"Backend {self.name} build should be called only once")
+
+    @annotate(domain="Torch Tweak")
+    def activate(self) -> None:
+        """Activates backend.
+
+        After activating, the backend should be ready to do inference.
+        """
+        if self.state == BackendState.INIT:
+            raise BackendStateError(f"Cannot activate backend {self.name}, backend should be built first")
+        if self.state == BackendState.DEPLOYED:
+            raise BackendStateError(f"Cannot activate backend {self.name}, backend is already deployed")
+
+        if self.state == BackendState.INACTIVE or self.state == BackendState.CHECKPOINT_LOADED:
+            self._activate()
+            self.state = BackendState.ACTIVE
+
+    def deactivate(self) -> None:
+        """Deactivates backend.
+
+        After deactivating, the backend cannot be used to do inference.
+        """
+        if self.state == BackendState.INIT:
+            raise BackendStateError(f"Cannot deactivate backend {self.name}, backend should be built first")
+        if self.state == BackendState.DEPLOYED:
+            raise BackendStateError(f"Cannot deactivate backend {self.name}, backend is already deployed")
+        if self.state == BackendState.CHECKPOINT_LOADED:
+            raise BackendStateError(f"Cannot deactivate backend {self.name}, backend has already been deployed")
+
+        if self.state == BackendState.ACTIVE:
+            self._deactivate()
+            self._clean_memory()
+            self.state = BackendState.INACTIVE
+
+    def deploy(self, device: torch.device | str | None) -> None:
+        """Deploys the backend.
+
+        After deploying, the backend is ready to do inference. Backend cannot be deactivated anymore.
+
+        Args:
+            device: The device to deploy the backend on (None keeps the device stored in the checkpoint).
+        """
+        if self.state != BackendState.CHECKPOINT_LOADED:
+            raise BackendStateError(f"Cannot deploy backend {self.name}, backend should be loaded from a checkpoint")
+
+        self._set_device(device)
+        self._deploy()
+        self.state = BackendState.DEPLOYED
+
+    def infer(self, *args: Any, **kwargs: Any) -> Any:
+        """Run inference with the given arguments.
+
+        Args:
+            args: Variable length argument list.
+            kwargs: Arbitrary keyword arguments.
+
+        Returns:
+            Any: The result of the inference.
+        """
+        if self.state != BackendState.ACTIVE and self.state != BackendState.DEPLOYED:
+            raise BackendStateError(f"Cannot run inference, backend {self.name} should be activated first")
+
+        return self._infer(*args, **kwargs)
+
+    # description and serialization ------------------------------------------------------------
+
+    def key(self) -> str:
+        """Returns the key of the backend: class name and a stable hash of the config's JSON."""
+        config = getattr(self, "_config", None)
+        if config is None:
+            return self.__class__.__name__
+        return f"{self.__class__.__name__}_{config.key()}"
+
+    def describe(self) -> str:
+        """Returns the description of the backend, e.g. ``OpenVINOBackend(performance_hint=THROUGHPUT)``."""
+        config = getattr(self, "_config", None)
+        return f"{self.__class__.__name__}({config.describe() if config is not None else ''})"
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the state_dict of the backend."""
+
+    @classmethod
+    @abstractmethod
+    def from_dict(cls, module: nn.Module | None, state_dict: dict[str, Any]) -> Backend:
+        """Creates a backend from a state_dict, in state CHECKPOINT_LOADED."""
+
+    # implementation hooks ---------------------------------------------------------------------
+
+    @abstractmethod
+    def _build(self, module: nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> Backend:
+        """Build for ``self.device``; return ``self`` ready for inference."""
+
+    @abstractmethod
+    def _activate(self) -> None:
+        """Make a built or loaded backend ready for inference."""
+
+    @abstractmethod
+    def _deactivate(self) -> None:
+        """Release what inference needs; :meth:`_activate` must be able to restore it."""
+
+    @abstractmethod
+    def _deploy(self) -> None:
+        """Make a backend loaded from a checkpoint ready for inference on ``self.device``."""
+
+    @abstractmethod
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        """Run one call."""
+
+    # helpers ------------------------------------------------------------------------------------
+
+    def _assert_device(self, device: torch.device | str) -> None:
+        device_type = torch.device(normalize_device_string(device)).type
+        if device_type not in self._devices:
+            raise UnsupportedDeviceError(
+                f"Backend {self.name} does not support device {str(device)!r}; supported device types: "
+                f"{list(self._devices)}."
+            )
+
+    def _set_device(self, device: torch.device | str | None) -> None:
+        if device is None:
+            return
+        self._device = torch.device(normalize_device_string(device))
+
+    def _clean_memory(self) -> None:
+        """Free memory after deactivation. Never resets compiler state other backends rely on."""
+        gc.collect()
+        if self._device is not None and self._device.type == "xpu":
+            torch.xpu.empty_cache()

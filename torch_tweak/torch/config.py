@@ -1,0 +1,119 @@
+"""Global settings, ``tt.config``.
+
+Every ``TORCH_TWEAK_*`` environment variable is read here, once, when the module is imported:
+
+=============================  ==========================================  ====================
+variable                       setting                                     default
+=============================  ==========================================  ====================
+``TORCH_TWEAK_CACHE_DIR``      ``config.cache_dir``                        ``~/.cache/torch_tweak``
+``TORCH_TWEAK_DEVICE``         ``config.default_device``                   ``cpu``
+``TORCH_TWEAK_STRICT_MODE``    ``config.strict_mode``                      true
+``TORCH_TWEAK_PROGRESS``       ``config.progress`` (true/false/auto)       auto (a TTY)
+=============================  ==========================================  ====================
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from torch_tweak.errors import ConfigError
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+UNKNOWN_SIGNATURE_POLICIES = ("error", "passthrough")
+
+
+def _env_bool(name: str, default: bool | None) -> bool | None:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip().lower() in ("", "auto"):
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off.")
+
+
+def _default_cache_dir() -> Path:
+    raw = os.environ.get("TORCH_TWEAK_CACHE_DIR")
+    return Path(raw).expanduser() if raw else Path.home() / ".cache" / "torch_tweak"
+
+
+@dataclass
+class TorchTweakConfig:
+    """Process-wide settings; change them through the ``tt.config`` instance.
+
+    Attributes:
+        cache_dir: root of build artifacts and build logs (``<cache_dir>/<module>/<graph>/<backend key>``).
+        default_device: device used by ``tt.tune`` when ``device`` is None.
+        strict_mode: non-tensor argument values take part in graph identity (``scale=1.0`` and
+            ``scale=2.0`` are different graphs). With False only the structure and tensor ranks count.
+        max_num_samples_stored: recorded input samples (with their eager outputs) kept per graph; they
+            feed builds, the fidelity check and profiling, and are never written to disk.
+        device_after_tuning: where a wrapped module's own weights go when no chosen backend needs them
+            (``"meta"`` frees the memory; None keeps them where they are).
+        on_unknown_signature: what a tuned module does with inputs that match no tuned graph:
+            ``"error"`` raises :class:`SignatureMismatchError`, ``"passthrough"`` runs the original
+            module (only possible while its weights are still in memory).
+        progress: live progress display during ``tt.tune``; None means "when stderr is a terminal".
+    """
+
+    cache_dir: Path = field(default_factory=_default_cache_dir)
+    default_device: str = field(default_factory=lambda: os.environ.get("TORCH_TWEAK_DEVICE", "cpu"))
+    strict_mode: bool = field(default_factory=lambda: bool(_env_bool("TORCH_TWEAK_STRICT_MODE", True)))
+    max_num_samples_stored: int = 4
+    device_after_tuning: str | None = "meta"
+    on_unknown_signature: str = "error"
+    progress: bool | None = field(default_factory=lambda: _env_bool("TORCH_TWEAK_PROGRESS", None))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in {f.name for f in fields(self)}:
+            raise ConfigError(f"tt.config has no setting {name!r}; known settings: {sorted(f.name for f in fields(self))}.")
+        object.__setattr__(self, name, _validate(name, value))
+
+    def reset(self) -> None:
+        """Restore every setting to its default (environment variables are not re-read)."""
+        for f in fields(self):
+            value = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+            setattr(self, f.name, value)
+
+
+def _validate(name: str, value: Any) -> Any:
+    if name == "cache_dir":
+        if not isinstance(value, (str, os.PathLike)):
+            raise ConfigError(f"tt.config.cache_dir must be a path, got {type(value).__name__}.")
+        return Path(value).expanduser()
+    if name in ("strict_mode",):
+        if not isinstance(value, bool):
+            raise ConfigError(f"tt.config.{name} must be a bool, got {value!r}.")
+        return value
+    if name == "progress":
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(f"tt.config.progress must be True, False or None (auto), got {value!r}.")
+        return value
+    if name == "max_num_samples_stored":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"tt.config.max_num_samples_stored must be an integer >= 1, got {value!r}.")
+        return value
+    if name == "default_device":
+        from torch_tweak.torch._device import normalize_device_string
+
+        return normalize_device_string(value)
+    if name == "device_after_tuning":
+        if value is not None and value not in ("meta", "cpu"):
+            raise ConfigError(f"tt.config.device_after_tuning must be 'meta', 'cpu' or None, got {value!r}.")
+        return value
+    if name == "on_unknown_signature":
+        if value not in UNKNOWN_SIGNATURE_POLICIES:
+            raise ConfigError(
+                f"tt.config.on_unknown_signature must be one of {UNKNOWN_SIGNATURE_POLICIES}, got {value!r}."
+            )
+        return value
+    return value
+
+
+config = TorchTweakConfig()
