@@ -1,0 +1,170 @@
+"""Recording: turn observed calls into graphs (GraphSpec) with a few stored samples and eager outputs."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torch_tweak.errors import UnsupportedInputError
+from torch_tweak.torch.module.spec import GraphSpec, Observation, dtypes_of, infer_tensor_specs, observe_shapes
+from torch_tweak.torch.module.tree import (
+    Sample,
+    Spec,
+    flatten,
+    flatten_sample,
+    leaf_paths,
+    map_tensors,
+    sample_leaf_paths,
+    signature,
+    tensor_names,
+)
+
+
+@dataclass
+class RecordedSample:
+    """One stored call of a graph: its inputs (copied before the forward ran) and the eager outputs."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    outputs: Any
+    batch_size: int | None
+
+    @property
+    def sample(self) -> Sample:
+        """``(args, kwargs)`` as backends take them."""
+        return self.args, self.kwargs
+
+
+class GraphRecorder:
+    """Accumulates the calls of one graph (one input signature) of a module."""
+
+    def __init__(self, name: str, key: tuple[Any, ...], strict: bool, max_samples: int) -> None:
+        self.name = name
+        self.key = key
+        self.strict = strict
+        self.max_samples = max_samples
+        self.samples: list[RecordedSample] = []
+        self.num_calls = 0
+        self._input_structure: Spec | None = None
+        self._output_structure: Spec | None = None
+        self._input_dtypes: list[str] = []
+        self._output_dtypes: list[str] = []
+        self._input_obs: dict[Observation, None] = {}
+        self._output_obs: dict[Observation, None] = {}
+        self._stored_shapes: set[tuple[Any, ...]] = set()
+
+    def wants_sample(self, input_shapes: tuple[Any, ...]) -> bool:
+        """True if a call with these input shapes should be stored (new shapes, below the cap)."""
+        return len(self.samples) < self.max_samples and input_shapes not in self._stored_shapes
+
+    def observe(
+        self,
+        batch_size: int | None,
+        input_leaves: list[torch.Tensor],
+        input_structure: Spec,
+        outputs: Any,
+    ) -> None:
+        """Record the shapes of one call's inputs and outputs."""
+        output_leaves, output_structure = flatten(outputs)
+        if self._input_structure is None:
+            self._input_structure = input_structure
+            self._output_structure = output_structure
+            self._input_dtypes = dtypes_of(input_leaves)
+            self._output_dtypes = dtypes_of(output_leaves)
+        elif len(output_leaves) != len(self._output_dtypes) or _ranks(output_leaves) != self._output_ranks():
+            raise UnsupportedInputError(
+                f"Graph {self.name}: the module returned a different output structure for inputs of the same "
+                "signature; torch_tweak needs a module whose output structure depends only on its input signature."
+            )
+        self.num_calls += 1
+        self._input_obs[(batch_size, observe_shapes(input_leaves))] = None
+        self._output_obs[(batch_size, observe_shapes(output_leaves))] = None
+
+    def add_sample(self, args: tuple[Any, ...], kwargs: dict[str, Any], outputs: Any, batch_size: int | None,
+                   input_shapes: tuple[Any, ...]) -> None:
+        """Store a copied call with a detached copy of its eager outputs."""
+        reference = map_tensors(outputs, lambda t: t.detach().clone())
+        self.samples.append(RecordedSample(args, kwargs, reference, batch_size))
+        self._stored_shapes.add(input_shapes)
+
+    def _output_ranks(self) -> tuple[int, ...]:
+        first = next(iter(self._output_obs))
+        return tuple(len(s) for s in first[1])
+
+    def graph_spec(self) -> GraphSpec:
+        """The graph as seen so far."""
+        if self._input_structure is None or self._output_structure is None:
+            raise UnsupportedInputError(f"Graph {self.name} has recorded no call.")
+        in_paths = sample_leaf_paths(self._input_structure)
+        out_paths = leaf_paths(self._output_structure, "outputs")
+        inputs = infer_tensor_specs(tensor_names(in_paths), in_paths, self._input_dtypes, list(self._input_obs))
+        outputs = infer_tensor_specs(tensor_names(out_paths), out_paths, self._output_dtypes, list(self._output_obs))
+        return GraphSpec(self.name, inputs, outputs, self._input_structure, self._output_structure, self.strict)
+
+
+def _ranks(leaves: list[torch.Tensor]) -> tuple[int, ...]:
+    return tuple(t.dim() for t in leaves)
+
+
+class Recorder:
+    """All graphs of one module, in the order they were first seen."""
+
+    def __init__(self, strict: bool, max_samples: int) -> None:
+        self.strict = strict
+        self.max_samples = max_samples
+        self.graphs: dict[tuple[Any, ...], GraphRecorder] = {}
+
+    def record_call(
+        self,
+        forward: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        batch_size: int | None,
+    ) -> Any:
+        """Run ``forward`` once, recording the call; returns the real outputs."""
+        key = signature(args, kwargs, self.strict)
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = GraphRecorder(str(len(self.graphs)), key, self.strict, self.max_samples)
+            self.graphs[key] = graph
+        input_leaves, input_structure = flatten_sample(args, kwargs)
+        input_shapes = observe_shapes(input_leaves)
+        stored: Sample | None = None
+        if graph.wants_sample(input_shapes):
+            try:
+                stored = copy.deepcopy((tuple(args), dict(kwargs)))
+            except Exception as exc:
+                raise UnsupportedInputError(
+                    f"Could not copy the inputs of a recorded call ({exc}). Inputs must be deep-copyable; run "
+                    "tuning under torch.no_grad() so tensors do not carry autograd history."
+                ) from exc
+        outputs = forward(*args, **kwargs)
+        graph.observe(batch_size, input_leaves, input_structure, outputs)
+        if stored is not None:
+            graph.add_sample(stored[0], stored[1], outputs, batch_size, input_shapes)
+        return outputs
+
+    def graph_specs(self) -> list[GraphSpec]:
+        """Every recorded graph's spec, in creation order."""
+        return [g.graph_spec() for g in self.graphs.values()]
+
+
+def record(
+    forward: Callable[..., Any],
+    calls: Iterable[tuple[int | None, Sample]],
+    strict: bool = True,
+    max_samples: int = 4,
+) -> list[tuple[GraphSpec, list[RecordedSample]]]:
+    """Record ``forward`` over ``(batch_size, (args, kwargs))`` calls; return each graph with its samples.
+
+    A building block for tests and tools; ``tt.tune`` records through ``tt.Module`` instead.
+    """
+    recorder = Recorder(strict, max_samples)
+    with torch.no_grad():
+        for batch_size, (args, kwargs) in calls:
+            recorder.record_call(forward, tuple(args), dict(kwargs), batch_size)
+    return [(g.graph_spec(), g.samples) for g in recorder.graphs.values()]
