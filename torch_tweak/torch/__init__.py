@@ -1,1 +1,38 @@
-"""torch_tweak's public API: ``import torch_tweak.torch as tt``."""
+"""torch_tweak's public API: ``import torch_tweak.torch as tt``.
+
+Typical use::
+
+    import torch_tweak.torch as tt
+
+    model = tt.Module(model)                  # or tt.wrap(pipeline, tt.inspect(pipeline, data).get_modules())
+    report = tt.tune(model, samples)          # record, build candidates, check fidelity, choose
+    print(report)
+    outputs = model(inputs)                   # runs the chosen backend
+
+Importing this module imports torch but neither openvino nor torchao.
+"""
+
+from torch_tweak.torch.config import config
+from torch_tweak.torch.fidelity import FidelityConfig, Tolerance
+from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
+from torch_tweak.torch.module.tree import register_type
+from torch_tweak.torch.module.wrapper import Module, ModuleState
+from torch_tweak.torch.report import TuningReport
+from torch_tweak.torch.tune_strategy import FirstWinsStrategy, OneBackendStrategy, TuneStrategy
+from torch_tweak.torch.tuning import tune
+
+__all__ = [
+    "FidelityConfig",
+    "FirstWinsStrategy",
+    "GraphSpec",
+    "Module",
+    "ModuleState",
+    "OneBackendStrategy",
+    "TensorSpec",
+    "Tolerance",
+    "TuneStrategy",
+    "TuningReport",
+    "config",
+    "register_type",
+    "tune",
+]

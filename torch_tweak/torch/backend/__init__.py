@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 from torch_tweak.torch.backend.backend import Backend, BackendConfig, BackendState
@@ -20,6 +21,25 @@ _LAZY = {
 }
 
 __all__ = sorted(["Backend", "BackendConfig", "BackendState", "TorchEagerBackend", "TorchEagerBackendConfig", *_LAZY])
+
+
+def available(name: str) -> bool:
+    """True if the backend class ``name`` can be used here (its module exists and its dependency is installed)."""
+    dependency = {"OpenVINOBackend": "openvino", "TorchAOBackend": "torchao"}.get(name)
+    if dependency is not None and importlib.util.find_spec(dependency) is None:
+        return False
+    module_name = _LAZY.get(name)
+    return module_name is None or importlib.util.find_spec(module_name) is not None
+
+
+def default_backends() -> list[Backend]:
+    """The candidates tried when a strategy is given none, fastest first, eager last."""
+    templates: list[Backend] = []
+    for name in ("OpenVINOBackend", "TorchInductorBackend"):
+        if available(name):
+            templates.append(__getattr__(name)())
+    templates.append(TorchEagerBackend())
+    return templates
 
 
 def __getattr__(name: str) -> Any:

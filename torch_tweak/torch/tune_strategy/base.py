@@ -1,0 +1,191 @@
+"""TuneStrategy: how a graph's backend is chosen. Subclasses implement ``_tune``."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torch_tweak.errors import FidelityError, TorchTweakError
+from torch_tweak.torch.backend.backend import Backend, BackendState
+from torch_tweak.torch.fidelity import FidelityConfig, FidelityResult, check_fidelity
+from torch_tweak.torch.module._forward import pristine
+from torch_tweak.torch.module.recording import RecordedSample
+from torch_tweak.torch.module.spec import GraphSpec
+from torch_tweak.torch.module.tree import Sample
+from torch_tweak.torch.report.report import BUILD_FAILED, INFER_FAILED, PASSED, REJECTED, CandidateReport, GraphReport
+from torch_tweak.utils.capture import capture_output
+from torch_tweak.utils.permissions import secure_mkdir
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GraphTask:
+    """Everything a strategy needs to choose a backend for one graph of one module.
+
+    Attributes:
+        module: the wrapped ``nn.Module`` (its own forward; hooks and interception are removed while tuning).
+        module_name: the ``tt.Module`` name.
+        graph_spec: the graph's inputs and outputs.
+        samples: recorded calls with their eager outputs (the fidelity reference).
+        device: the tuning device.
+        cache_dir: ``<cache>/<module>/<graph>``; each candidate builds in ``cache_dir / backend.key()``.
+        report: the graph's report; strategies append a :class:`CandidateReport` per candidate.
+    """
+
+    module: nn.Module
+    module_name: str
+    graph_spec: GraphSpec
+    samples: list[RecordedSample]
+    device: torch.device
+    cache_dir: Path
+    report: GraphReport
+
+    def data(self) -> list[Sample]:
+        """Deep copies of the recorded inputs, safe to hand to a backend."""
+        return [copy.deepcopy(s.sample) for s in self.samples]
+
+
+class CandidateFailed(TorchTweakError, RuntimeError):
+    """A candidate failed to build or was rejected; ``report`` holds its row, ``__cause__`` the error."""
+
+    def __init__(self, report: CandidateReport) -> None:
+        super().__init__(f"{report.backend}: {report.error}")
+        self.report = report
+
+
+class TuneStrategy(ABC):
+    """Base class of strategies.
+
+    A strategy receives one graph at a time (:meth:`tune`) and returns a built, active backend that
+    passed the fidelity check. Use :meth:`try_backend` to build and check a candidate: it deep-copies
+    the template, builds it with its output captured in ``build.log``, compares its outputs with the
+    recorded eager outputs and appends the result to the graph's report.
+    """
+
+    def __init__(self, fidelity: FidelityConfig | None = None) -> None:
+        self._correctness_check = True
+        self.fidelity = fidelity or FidelityConfig()
+
+    def enable_correctness_check(self, enable: bool = True) -> TuneStrategy:
+        """Turn the fidelity check on or off (on by default). Returns ``self``."""
+        self._correctness_check = bool(enable)
+        return self
+
+    def clone(self) -> TuneStrategy:
+        """A deep copy of this strategy."""
+        return copy.deepcopy(self)
+
+    def describe(self) -> str:
+        """One line naming the strategy and its candidates."""
+        return f"{self.__class__.__name__}({', '.join(b.describe() for b in self.candidates())})"
+
+    def candidates(self) -> list[Backend]:
+        """The backend templates this strategy may try."""
+        return []
+
+    def tune(self, task: GraphTask) -> Backend:
+        """Choose, build and return the backend for ``task``'s graph."""
+        task.report.strategy = self.describe()
+        start = time.perf_counter()
+        with pristine(task.module):
+            backend = self._tune(task)
+        logger.info("%s graph %s: chose %s in %.1fs", task.module_name, task.graph_spec.name, backend.describe(),
+                    time.perf_counter() - start)
+        return backend
+
+    @abstractmethod
+    def _tune(self, task: GraphTask) -> Backend:
+        """Return a built, active, checked backend, or raise."""
+
+    def try_backend(self, template: Backend, task: GraphTask, role: str = "candidate") -> tuple[Backend, CandidateReport]:
+        """Build and check a copy of ``template``; raises :class:`CandidateFailed` with the report row."""
+        backend = copy.deepcopy(template)
+        row = CandidateReport(backend=backend.describe(), key=backend.key(), role=role)
+        task.report.candidates.append(row)
+        cache_dir = secure_mkdir(task.cache_dir / backend.key())
+        log_path = cache_dir / "build.log"
+        row.log_path = str(log_path)
+        start = time.perf_counter()
+        try:
+            with capture_output(log_path):
+                backend.build(task.module, task.graph_spec, task.data(), task.device, cache_dir)
+        except Exception as exc:
+            row.build_time_s = time.perf_counter() - start
+            row.status = BUILD_FAILED
+            row.error = f"{type(exc).__name__}: {exc} (build log: {log_path})"
+            raise CandidateFailed(row) from exc
+        row.build_time_s = time.perf_counter() - start
+        row.precision = backend.executed_precision
+        if self._correctness_check:
+            self._check(backend, task, row)
+        row.status = PASSED
+        return backend, row
+
+    def _check(self, backend: Backend, task: GraphTask, row: CandidateReport) -> None:
+        result: FidelityResult | None = None
+        for sample in task.samples:
+            args, kwargs = copy.deepcopy(sample.sample)
+            try:
+                with torch.no_grad():
+                    outputs = backend.infer(*args, **kwargs)
+            except Exception as exc:
+                row.status = INFER_FAILED
+                row.error = f"{type(exc).__name__}: {exc}"
+                _release(backend)
+                raise CandidateFailed(row) from exc
+            current = check_fidelity(sample.outputs, outputs, row.precision or "fp32", self.fidelity)
+            result = current if result is None else result.merge(current)
+            if not current.passed:
+                break
+        if result is None:
+            return
+        row.fidelity = result.to_dict()
+        if not result.passed:
+            row.status = REJECTED
+            row.error = f"FidelityError: {result.message} (tolerance for {result.precision}: {result.tolerance})"
+            _release(backend)
+            raise CandidateFailed(row) from FidelityError(row.error)
+
+
+def _release(backend: Backend) -> None:
+    if backend.state == BackendState.ACTIVE:
+        try:
+            backend.deactivate()
+        except Exception:  # noqa: BLE001 - releasing a failed candidate must not hide its error
+            logger.debug("Could not deactivate failed candidate %s", backend.describe(), exc_info=True)
+
+
+def format_failures(rows: list[CandidateReport]) -> str:
+    """``backend: error`` lines for an error message."""
+    return "; ".join(f"{r.backend}: {r.error}" for r in rows) or "no candidate was tried"
+
+
+def describe_task(task: GraphTask) -> str:
+    """``module 'x' graph 0`` for messages."""
+    return f"module {task.module_name!r} graph {task.graph_spec.name}"
+
+
+def backends_from(backends: Any, owner: str) -> list[Backend]:
+    """Validate a user-given iterable of backend templates."""
+    from torch_tweak.errors import ConfigError
+
+    if backends is None:
+        return []
+    items = list(backends)
+    if not items:
+        raise ConfigError(f"{owner} got an empty list of backends; pass at least one, or None for the defaults.")
+    for item in items:
+        if not isinstance(item, Backend):
+            raise ConfigError(f"{owner} expects Backend instances, got {type(item).__name__}.")
+        if item.state != BackendState.INIT:
+            raise ConfigError(f"{owner} expects unbuilt backends (state INIT); {item.describe()} is {item.state.name}.")
+    return items

@@ -1,0 +1,215 @@
+"""``tt.tune``: record the wrapped modules over a dataset, then tune them one at a time."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torch_tweak.errors import ConfigError, TuningError
+from torch_tweak.torch._device import get_device
+from torch_tweak.torch.config import config
+from torch_tweak.torch.dataset import dataset_items, iter_batches
+from torch_tweak.torch.module.session import RecordingSession, recording
+from torch_tweak.torch.module.wrapper import Module, ModuleState
+from torch_tweak.torch.report.report import GraphReport, ModuleReport, TuningReport
+from torch_tweak.torch.tune_strategy.base import GraphTask, TuneStrategy
+from torch_tweak.utils.permissions import secure_mkdir
+from torch_tweak.utils.trace import annotate
+
+logger = logging.getLogger(__name__)
+
+CACHE_MARKER = ".torch_tweak_cache"
+
+
+@annotate(domain="Torch Tweak")
+def tune(
+    func: Callable[..., Any],
+    dataset: Any,
+    batch_sizes: list[int] | None = None,
+    max_num_batches_per_batch_size: int | None = None,
+    device: str | torch.device | None = None,
+    dry_run: bool = False,
+    clear_cache: bool = False,
+    ignore_failing_modules: bool = True,
+) -> TuningReport:
+    """Record every ``tt.Module`` that ``func`` calls over ``dataset``, then tune each of them.
+
+    Args:
+        func: a ``tt.Module``, a model containing wrapped modules, a pipeline, or any callable.
+        dataset: a tensor, a list of items or a ``torch.utils.data.Dataset`` (see ``torch_tweak.torch.dataset``).
+        batch_sizes: batch sizes to run the dataset at (default ``[1, 2]``; two or more reveal batch axes).
+        max_num_batches_per_batch_size: cap on calls per batch size (None: the whole dataset).
+        device: ``"cpu"`` (default, ``tt.config.default_device``), ``"xpu"`` or ``"xpu:N"``.
+        dry_run: record and detect graphs only; nothing is built.
+        clear_cache: delete torch_tweak's cache folder first.
+        ignore_failing_modules: a module whose tuning fails runs its original code (the error is in the
+            report); with False the error propagates.
+
+    Returns:
+        The :class:`TuningReport` of every module, graph and candidate.
+    """
+    start = time.perf_counter()
+    target = get_device(device if device is not None else config.default_device)
+    sizes = _batch_sizes(batch_sizes)
+    if max_num_batches_per_batch_size is not None and (
+        isinstance(max_num_batches_per_batch_size, bool) or not isinstance(max_num_batches_per_batch_size, int)
+        or max_num_batches_per_batch_size < 1
+    ):
+        raise ConfigError(f"max_num_batches_per_batch_size must be a positive integer or None, got {max_num_batches_per_batch_size!r}.")
+    if not callable(func):
+        raise ConfigError(f"func must be callable (a module, pipeline or function), got {type(func).__name__}.")
+    items = dataset_items(dataset)
+    if clear_cache:
+        clear_cache_dir()
+
+    session = RecordingSession()
+    with recording(session), torch.no_grad():
+        for batch_size in sizes:
+            session.batch_size = batch_size
+            for count, (args, kwargs) in enumerate(iter_batches(items, batch_size)):
+                if max_num_batches_per_batch_size is not None and count >= max_num_batches_per_batch_size:
+                    break
+                func(*args, **kwargs)
+    modules: list[Module] = list(session.modules.values())
+    if not modules:
+        raise TuningError(
+            "No tt.Module was called while running func over the dataset, so there is nothing to tune. Wrap the "
+            "modules first (tt.Module(model) or tt.wrap(pipeline, modules)) and make sure func calls them; "
+            "modules that are already tuned are not recorded again."
+        )
+    report = TuningReport(device=str(target), batch_sizes=sizes, dry_run=dry_run)
+    for module in modules:
+        module_report = ModuleReport(name=module.name)
+        report.modules.append(module_report)
+        try:
+            tune_module(module, target, None, dry_run, module_report)
+        except Exception as exc:
+            module_report.status = "passthrough"
+            module_report.error = f"{type(exc).__name__}: {exc}"
+            if not ignore_failing_modules:
+                raise
+            logger.warning("Tuning module %s failed, it will run its original code: %s", module.name, exc)
+            module.enable_passthrough()
+    report.duration_s = time.perf_counter() - start
+    logger.info("Tuned %d module(s) in %.1fs", len(modules), report.duration_s)
+    return report
+
+
+def tune_module(
+    module: Module,
+    device: str | torch.device | None = None,
+    strategy: TuneStrategy | None = None,
+    dry_run: bool = False,
+    report: ModuleReport | None = None,
+) -> ModuleReport:
+    """Tune every recorded graph of ``module``; on failure release what was built and raise."""
+    report = report or ModuleReport(name=module.name)
+    if module.state is ModuleState.TUNED:
+        raise TuningError(f"Module {module.name!r} is already tuned; wrap a fresh module to tune it again.")
+    recorder = module._tt_recorder
+    if module.state is not ModuleState.RECORDING or recorder is None or not recorder.graphs:
+        raise TuningError(
+            f"Module {module.name!r} recorded nothing, so it cannot be tuned: tt.tune records the calls a module "
+            "receives while func runs over the dataset. Check that func calls this module."
+        )
+    target = get_device(device if device is not None else config.default_device)
+    recorders = list(recorder.graphs.values())
+    specs = [g.graph_spec() for g in recorders]
+    strategies = _strategies_for(module, specs, strategy)
+    if dry_run:
+        report.status = "dry_run"
+        for spec, strat in zip(specs, strategies):
+            report.graphs.append(GraphReport(name=spec.name, strategy=strat.describe(), spec=spec.to_dict()))
+            logger.info("Module %s (dry run), strategy %s\n%s", module.name, strat.describe(), spec.describe())
+        return report
+    module_dir = config.cache_dir / module.name
+    built: list[Any] = []
+    try:
+        for graph, spec, strat in zip(recorders, specs, strategies):
+            graph_report = GraphReport(name=spec.name, spec=spec.to_dict())
+            report.graphs.append(graph_report)
+            task = GraphTask(module.wrapped, module.name, spec, graph.samples, target,
+                             _ensure_cache_root() and secure_mkdir(module_dir / spec.name), graph_report)
+            built.append(strat.tune(task))
+    except Exception:
+        for backend in built:
+            if backend.state.name == "ACTIVE":
+                backend.deactivate()
+        raise
+    module._tt_routes = {graph.key: backend for graph, backend in zip(recorders, built)}
+    module._tt_graphs = specs
+    module._tt_recorder = None
+    module._tt_state = ModuleState.TUNED
+    report.status = "tuned"
+    _offload(module, built)
+    return report
+
+
+def _strategies_for(module: Module, specs: list[Any], strategy: TuneStrategy | None) -> list[TuneStrategy]:
+    if strategy is not None:
+        return [strategy] * len(specs)
+    listed = module._tt_strategies
+    if isinstance(listed, (list, tuple)):
+        if len(listed) < len(specs):
+            raise TuningError(
+                f"Module {module.name!r} recorded {len(specs)} graphs but got {len(listed)} strategies; pass one "
+                "strategy per graph (graph creation order) or a single strategy."
+            )
+        return list(listed[: len(specs)])
+    if isinstance(listed, dict):
+        missing = [s.name for s in specs if s.name not in listed]
+        if missing:
+            raise TuningError(f"Module {module.name!r}: no strategy for graph(s) {missing}; strategies has {sorted(listed)}.")
+        return [listed[s.name] for s in specs]
+    if module._tt_strategy is not None:
+        return [module._tt_strategy] * len(specs)
+    from torch_tweak.torch.tune_strategy import FirstWinsStrategy
+
+    return [FirstWinsStrategy()] * len(specs)
+
+
+def _offload(module: Module, backends: list[Any]) -> None:
+    target = config.device_after_tuning
+    if target is None or any(b.requires_original_module for b in backends):
+        return
+    module.wrapped.to(target)
+    module._tt_offloaded = True
+    logger.info("Module %s: original weights moved to %s (no chosen backend needs them)", module.name, target)
+
+
+def _batch_sizes(batch_sizes: list[int] | None) -> list[int]:
+    if batch_sizes is None or len(batch_sizes) == 0:
+        return [1, 2]
+    if not isinstance(batch_sizes, (list, tuple)) or any(
+        isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes
+    ):
+        raise ConfigError(f"batch_sizes must be a list of positive integers, got {batch_sizes!r}.")
+    sizes = list(dict.fromkeys(batch_sizes))
+    if len(sizes) == 1:
+        logger.warning("Only one batch size (%d): batch axes cannot be detected, shapes are treated as static.", sizes[0])
+    return sizes
+
+
+def _ensure_cache_root() -> bool:
+    root = secure_mkdir(config.cache_dir)
+    (root / CACHE_MARKER).touch(exist_ok=True)
+    return True
+
+
+def clear_cache_dir() -> None:
+    """Delete torch_tweak's cache folder; refuses a folder torch_tweak did not create."""
+    root = config.cache_dir
+    if not root.exists():
+        return
+    if not (root / CACHE_MARKER).is_file():
+        raise ConfigError(
+            f"Refusing to delete {root}: it has no {CACHE_MARKER} marker, so it may not be torch_tweak's cache. "
+            "Point tt.config.cache_dir at torch_tweak's own folder."
+        )
+    shutil.rmtree(root)
+    logger.info("Cleared cache directory %s", root)
