@@ -1,0 +1,271 @@
+"""PyTorch module → OpenVINO IR (``model.xml`` / ``model.bin``) for one graph of a module.
+
+Both conversion paths run the module through :class:`FlatForward`, a wrapper whose forward takes the graph's
+input tensors positionally, in :class:`GraphSpec` order, rebuilds the original ``(args, kwargs)`` (keyword
+arguments passed by name, non-tensor values and ``None`` bound from the recorded structure) and returns the
+output tensors flattened in ``GraphSpec.outputs`` order. IR inputs and outputs therefore map to the spec by
+position, whatever names the converter picks, and are then renamed after the tensor specs.
+
+``openvino`` is imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torch_tweak.errors import BackendUnavailableError, ConversionError
+from torch_tweak.torch.module._forward import pristine
+from torch_tweak.torch.module.spec import GraphSpec, TensorSpec, resize_batch
+from torch_tweak.torch.module.tree import Sample, flatten, flatten_sample, unflatten_sample
+from torch_tweak.utils.permissions import secure_file, secure_mkdir
+
+logger = logging.getLogger(__name__)
+
+OV_MODEL_XML_NAME = "model.xml"
+OV_MODEL_BIN_NAME = "model.bin"
+FINGERPRINT_NAME = "fingerprint.json"
+_OP_RE = re.compile(r"\b(?:aten|prim|quantized|torchvision)::[A-Za-z0-9_.]+")
+
+
+def import_openvino() -> Any:
+    """Import and return the ``openvino`` module, or raise :class:`BackendUnavailableError`."""
+    try:
+        import openvino
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            "OpenVINOBackend needs the 'openvino' package, which is not installed. "
+            "Install it with: pip install torch-tweak[openvino]"
+        ) from exc
+    return openvino
+
+
+class FlatForward(nn.Module):
+    """Calls ``module`` with the structure of a graph from its input tensors given positionally."""
+
+    def __init__(self, module: nn.Module, graph_spec: GraphSpec) -> None:
+        super().__init__()
+        self.module = module
+        self._structure = graph_spec.input_structure
+        self._num_outputs = len(graph_spec.outputs)
+
+    def forward(self, *leaves: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Rebuild ``(args, kwargs)``, call the module by name, return its output tensors flattened."""
+        args, kwargs = unflatten_sample(self._structure, list(leaves))
+        outputs, _ = flatten(self.module(*args, **kwargs))
+        if len(outputs) != self._num_outputs:
+            raise ConversionError(
+                f"The module returned {len(outputs)} tensors while converting, but {self._num_outputs} were "
+                "recorded; its outputs must depend only on the input signature."
+            )
+        return tuple(outputs)
+
+
+def _sample_batch(leaves: list[torch.Tensor], graph_spec: GraphSpec) -> int | None:
+    for leaf, spec in zip(leaves, graph_spec.inputs, strict=False):
+        for axis, k in spec.batch_multipliers.items():
+            return leaf.shape[axis] // k
+    return None
+
+
+def example_leaves(graph_spec: GraphSpec, data: list[Sample]) -> list[torch.Tensor]:
+    """Input tensors to export/trace with: batch >= 2 and dynamic sizes >= 2 where possible (0/1 specialisation)."""
+    samples = list(data) or [graph_spec.example_inputs(None)]
+
+    def score(sample: Sample) -> tuple[int, int]:
+        leaves, _ = flatten_sample(*sample)
+        small_dims = sum(leaf.shape[a] < 2 for leaf, s in zip(leaves, graph_spec.inputs, strict=False) for a in s.dynamic_axes())
+        return small_dims, -(_sample_batch(leaves, graph_spec) or 0)
+
+    sample = min(samples, key=score)
+    bounds = graph_spec.batch_range()
+    leaves, _ = flatten_sample(*sample)
+    if bounds is not None and graph_spec.has_batch_axis():
+        batch = _sample_batch(leaves, graph_spec) or 0
+        if batch < 2 <= bounds[1]:
+            leaves, _ = flatten_sample(*resize_batch(sample, graph_spec, max(2, bounds[0])))
+    if len(leaves) != len(graph_spec.inputs):
+        raise ConversionError(
+            f"The example call has {len(leaves)} tensors but graph {graph_spec.name!r} expects {len(graph_spec.inputs)}."
+        )
+    return [leaf.detach() for leaf in leaves]
+
+
+def dynamic_shapes(graph_spec: GraphSpec, auto_dims: bool = False) -> tuple[Any, ...]:
+    """``torch.export`` dynamic shapes for :class:`FlatForward`: one shared batch Dim, one Dim per dynamic axis.
+
+    With ``auto_dims`` the dynamic (non-batch) axes use ``Dim.AUTO`` with their ranges, letting
+    ``torch.export`` find relations between them (e.g. the sequence axis of ids and mask).
+    """
+    from torch.export import Dim
+
+    bounds = graph_spec.batch_range()
+    batch = Dim("batch", min=bounds[0], max=bounds[1]) if bounds is not None and bounds[1] > bounds[0] else None
+    per_leaf: list[dict[int, Any] | None] = []
+    for spec in graph_spec.inputs:
+        axes: dict[int, Any] = {}
+        if batch is not None:
+            for axis, k in spec.batch_multipliers.items():
+                axes[axis] = batch if k == 1 else k * batch
+        for axis in spec.dynamic_axes():
+            lo, hi = spec.min_shape[axis], spec.max_shape[axis]
+            axes[axis] = Dim.AUTO(min=lo, max=hi) if auto_dims else Dim(f"{spec.name}_dim{axis}", min=lo, max=hi)
+        per_leaf.append(axes or None)
+    return (tuple(per_leaf),)
+
+
+def _conversion_error(what: str, exc: BaseException, use_dynamo: bool) -> ConversionError:
+    ops = sorted(set(_OP_RE.findall(str(exc))))
+    where = f" The failing operator(s): {', '.join(ops)}." if ops else ""
+    hint = (
+        " torch.export could not capture the module; try OpenVINOBackendConfig(use_dynamo=False) to convert "
+        "through TorchScript tracing instead."
+        if use_dynamo and what == "torch.export"
+        else ""
+    )
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ConversionError(f"{what} failed: {type(exc).__name__}: {first_line[:500]}.{where}{hint}")
+
+
+def to_ov_model(module: nn.Module, graph_spec: GraphSpec, data: list[Sample], use_dynamo: bool) -> Any:
+    """Export (``use_dynamo``) or trace ``module`` and convert it to an ``ov.Model`` named after ``graph_spec``."""
+    ov = import_openvino()
+    leaves = example_leaves(graph_spec, data)
+    with torch.no_grad(), pristine(module):
+        wrapper = FlatForward(module, graph_spec).eval()
+        if use_dynamo:
+            program = _export(wrapper, graph_spec, tuple(leaves))
+            try:
+                model = ov.convert_model(program)
+            except Exception as exc:
+                raise _conversion_error("OpenVINO conversion of the exported program", exc, use_dynamo) from exc
+        else:
+            try:
+                model = ov.convert_model(wrapper, example_input=tuple(leaves))
+            except Exception as exc:
+                raise _conversion_error("OpenVINO conversion (TorchScript trace)", exc, use_dynamo) from exc
+    _apply_graph_spec(ov, model, graph_spec)
+    return model
+
+
+def _export(wrapper: nn.Module, graph_spec: GraphSpec, leaves: tuple[torch.Tensor, ...]) -> Any:
+    try:
+        return torch.export.export(wrapper, leaves, dynamic_shapes=dynamic_shapes(graph_spec))
+    except Exception as first:
+        if not any(s.dynamic_axes() for s in graph_spec.inputs):
+            raise _conversion_error("torch.export", first, True) from first
+        logger.info("torch.export with independent dynamic dims failed (%s); retrying with Dim.AUTO.", first)
+        try:
+            return torch.export.export(wrapper, leaves, dynamic_shapes=dynamic_shapes(graph_spec, auto_dims=True))
+        except Exception as exc:
+            raise _conversion_error("torch.export", exc, True) from exc
+
+
+def _partial_shape(ov: Any, spec: TensorSpec) -> Any:
+    dims = [
+        ov.Dimension(size) if isinstance(size, int) else ov.Dimension(lo, hi)
+        for size, lo, hi in zip(spec.shape, spec.min_shape, spec.max_shape, strict=False)
+    ]
+    return ov.PartialShape(dims)
+
+
+def _apply_graph_spec(ov: Any, model: Any, graph_spec: GraphSpec) -> None:
+    """Name inputs/outputs after the tensor specs and bound the input shapes to the tuned ranges."""
+    if len(model.inputs) != len(graph_spec.inputs) or len(model.outputs) != len(graph_spec.outputs):
+        raise ConversionError(
+            f"The converted model has {len(model.inputs)} inputs and {len(model.outputs)} outputs, but graph "
+            f"{graph_spec.name!r} has {len(graph_spec.inputs)} input and {len(graph_spec.outputs)} output tensors "
+            "(an input the module ignores may have been dropped); the IR cannot be mapped to the call."
+        )
+    for port, spec in zip(model.inputs, graph_spec.inputs, strict=False):
+        port.get_tensor().set_names({spec.name})
+        port.get_node().set_partial_shape(_partial_shape(ov, spec))
+    for port, spec in zip(model.outputs, graph_spec.outputs, strict=False):
+        producer = port.get_node().input_value(0).get_node()
+        if producer.get_type_name() != "Parameter":  # renaming a pass-through output would rename the input
+            port.get_tensor().set_names({spec.name})
+    try:
+        model.validate_nodes_and_infer_types()
+    except Exception as exc:
+        raise _conversion_error("Applying the tuned input shapes to the OpenVINO model", exc, False) from exc
+
+
+def fingerprint(module: nn.Module, graph_spec: GraphSpec, config: dict[str, Any]) -> str | None:
+    """A hash of everything the IR depends on; None if the graph cannot be described as JSON."""
+    ov = import_openvino()
+    digest = hashlib.sha256()
+    try:
+        head = {
+            "graph": graph_spec.to_dict(),
+            "config": config,
+            "module": f"{type(module).__module__}.{type(module).__qualname__}",
+            "torch": torch.__version__,
+            "openvino": ov.__version__,
+        }
+        digest.update(json.dumps(head, sort_keys=True, default=str).encode())
+    except Exception as exc:  # noqa: BLE001 - an undescribable graph only disables IR reuse
+        logger.debug("No IR fingerprint for graph %s: %s", graph_spec.name, exc)
+        return None
+    for name, tensor in module.state_dict().items():
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        if tensor.device.type == "meta":
+            return None
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+    return digest.hexdigest()
+
+
+def cached_ir(ir_dir: Path, fp: str | None) -> Path | None:
+    """The IR in ``ir_dir`` if it was saved with fingerprint ``fp`` and both files exist."""
+    xml, bin_ = ir_dir / OV_MODEL_XML_NAME, ir_dir / OV_MODEL_BIN_NAME
+    if fp is None or not (xml.is_file() and bin_.is_file()):
+        return None
+    try:
+        saved = json.loads((ir_dir / FINGERPRINT_NAME).read_text(encoding="utf-8")).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return xml if saved == fp else None
+
+
+def save_ir(model: Any, ir_dir: Path, fp: str | None) -> Path:
+    """Write ``model`` as ``model.xml``/``model.bin`` (full precision weights); partial files are removed on failure."""
+    ov = import_openvino()
+    secure_mkdir(ir_dir)
+    xml, bin_, fp_file = ir_dir / OV_MODEL_XML_NAME, ir_dir / OV_MODEL_BIN_NAME, ir_dir / FINGERPRINT_NAME
+    tmp_xml, tmp_bin = ir_dir / "model.partial.xml", ir_dir / "model.partial.bin"
+    fp_file.unlink(missing_ok=True)
+    try:
+        ov.save_model(model, str(tmp_xml), compress_to_fp16=False)
+        for path in (tmp_xml, tmp_bin):
+            secure_file(path)
+        os.replace(tmp_bin, bin_)
+        os.replace(tmp_xml, xml)
+        if fp is not None:
+            fp_file.write_text(json.dumps({"fingerprint": fp}), encoding="utf-8")
+            secure_file(fp_file)
+    except Exception as exc:
+        for path in (tmp_xml, tmp_bin, xml, bin_, fp_file):
+            path.unlink(missing_ok=True)
+        raise ConversionError(f"Could not write the OpenVINO IR to {ir_dir}: {exc}") from exc
+    return xml
+
+
+def convert(
+    module: nn.Module, graph_spec: GraphSpec, data: list[Sample], use_dynamo: bool, ir_dir: Path, config: dict[str, Any]
+) -> Path:
+    """Return the path of ``model.xml`` for ``module``'s graph, reusing a matching IR already in ``ir_dir``."""
+    fp = fingerprint(module, graph_spec, config)
+    reused = cached_ir(ir_dir, fp)
+    if reused is not None:
+        logger.info("Reusing the OpenVINO IR in %s (same module weights, graph and config).", ir_dir)
+        return reused
+    model = to_ov_model(module, graph_spec, data, use_dynamo)
+    return save_ir(model, ir_dir, fp)

@@ -1,0 +1,307 @@
+"""OpenVINO: the graph exported (or traced), converted to an IR and compiled for an Intel CPU or GPU."""
+
+from __future__ import annotations
+
+import functools
+import os
+import queue
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torch_tweak.errors import (
+    CheckpointError,
+    ConfigError,
+    ConversionError,
+    UnsupportedDeviceError,
+    UnsupportedInputError,
+)
+from torch_tweak.torch.backend.backend import Backend, BackendConfig, BackendState
+from torch_tweak.torch.backend.openvino.converter import (
+    OV_MODEL_BIN_NAME,
+    OV_MODEL_XML_NAME,
+    convert,
+    import_openvino,
+)
+from torch_tweak.torch.module.spec import GraphSpec
+from torch_tweak.torch.module.tree import TENSOR, Sample, dtype_name, flatten_sample, spec_to_json, unflatten
+
+PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
+_PRECISIONS = {"f32": "f32", "fp32": "f32", "float32": "f32", "bf16": "bf16", "bfloat16": "bf16",
+               "f16": "f16", "fp16": "f16", "float16": "f16"}
+_REPORTED = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
+MODEL_CACHE_DIR_NAME = "openvino_model_cache"
+
+
+@dataclass
+class OpenVINOBackendConfig(BackendConfig):
+    """Configuration for OpenVINO backend.
+
+    Attributes:
+        use_dynamo: Use torch.export (True) or legacy trace conversion (False) in OVC.
+        performance_hint: OpenVINO compile hint (LATENCY, THROUGHPUT, CUMULATIVE_THROUGHPUT).
+        inference_precision: precision OpenVINO computes in: None (the device default, bf16 on CPUs with
+            AMX/avx512_bf16), ``"f32"``, ``"bf16"`` or ``"f16"``.
+    """
+
+    use_dynamo: bool = True
+    performance_hint: str = "LATENCY"
+    inference_precision: str | None = None
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        if not isinstance(self.use_dynamo, bool):
+            raise ConfigError(f"{owner}.use_dynamo must be a bool, got {self.use_dynamo!r}.")
+        hint = self.performance_hint.upper() if isinstance(self.performance_hint, str) else None
+        if hint not in PERFORMANCE_HINTS:
+            raise ConfigError(f"{owner}.performance_hint must be one of {list(PERFORMANCE_HINTS)}, got "
+                              f"{self.performance_hint!r}.")
+        self.performance_hint = hint
+        if self.inference_precision is not None:
+            key = self.inference_precision.lower() if isinstance(self.inference_precision, str) else None
+            if key not in _PRECISIONS:
+                raise ConfigError(f"{owner}.inference_precision must be None (device default), 'f32', 'bf16' or "
+                                  f"'f16', got {self.inference_precision!r}.")
+            self.inference_precision = _PRECISIONS[key]
+
+    @classmethod
+    def from_dict(cls, state_dict: dict[str, Any]) -> OpenVINOBackendConfig:
+        """Convert dict to OpenVINOBackendConfig."""
+        return super().from_dict(state_dict)  # type: ignore[return-value]
+
+
+@functools.cache
+def ov_core() -> Any:
+    """The process-wide ``ov.Core`` (created on first use)."""
+    return import_openvino().Core()
+
+
+def _precision_name(value: Any) -> str:
+    """An OpenVINO precision (``ov.Type`` or string) as reported by :attr:`Backend.executed_precision`."""
+    name = value.to_string() if hasattr(value, "to_string") else str(value)
+    return _REPORTED.get(name, name)
+
+
+def ov_device_name(device: torch.device | None) -> str:
+    """``cpu`` → ``CPU``, ``xpu:N`` → ``GPU.N``."""
+    if device is None or device.type == "cpu":
+        return "CPU"
+    return f"GPU.{device.index or 0}"
+
+
+class _Runner:
+    """A compiled model with everything a call needs precomputed, and a pool of reusable infer requests."""
+
+    def __init__(self, compiled: Any, graph_spec: GraphSpec, device: torch.device | None) -> None:
+        self._compiled = compiled
+        self._spec = graph_spec
+        self._structure = graph_spec.input_structure
+        self._out_structure = graph_spec.output_structure
+        self._dtypes = tuple(s.torch_dtype for s in graph_spec.inputs)
+        self._n = len(graph_spec.inputs)
+        self._positional = self._structure == ("tuple", (("tuple", (TENSOR,) * self._n), ("dict", (), ())))
+        produced = [torch.from_numpy(_empty(p.get_element_type())).dtype for p in compiled.outputs]
+        self._casts = [(i, s.torch_dtype) for i, (d, s) in enumerate(zip(produced, graph_spec.outputs, strict=False))
+                       if d != s.torch_dtype]
+        self._single = self._out_structure == TENSOR
+        self._device = device if device is not None and device.type != "cpu" else None
+        self._pool: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pool.put(compiled.create_infer_request())
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        leaves: Any = args
+        if not (self._positional and not kwargs and len(args) == self._n):
+            leaves, structure = flatten_sample(args, kwargs)
+            if structure != self._structure:
+                raise UnsupportedInputError(
+                    f"The call does not match graph {self._spec.name!r} this OpenVINO model was built for (other "
+                    "arguments, or non-tensor values different from the recorded ones, which are constants of the IR)."
+                )
+        try:
+            feed = [t.numpy() for t, dt in zip(leaves, self._dtypes, strict=False) if t.dtype is dt]
+        except (RuntimeError, TypeError, AttributeError):  # autograd, non-CPU or non-tensor leaves
+            feed = self._slow_feed(leaves)
+        if len(feed) != self._n:
+            raise self._input_error(leaves)
+        try:
+            request = self._pool.get_nowait()
+        except queue.Empty:
+            request = self._compiled.create_infer_request()
+        try:
+            results = request.infer(feed, share_inputs=True).to_tuple()
+        except RuntimeError as exc:
+            raise self._input_error(leaves) from exc
+        finally:
+            self._pool.put(request)
+        outputs = [torch.from_numpy(r) for r in results]
+        for i, dtype in self._casts:
+            outputs[i] = outputs[i].to(dtype)
+        if self._device is not None:
+            outputs = [t.to(self._device) for t in outputs]
+        return outputs[0] if self._single else unflatten(self._out_structure, outputs)
+
+    def _slow_feed(self, leaves: Any) -> list[Any]:
+        feed = []
+        for t, dtype in zip(leaves, self._dtypes, strict=False):
+            if not isinstance(t, torch.Tensor) or t.dtype is not dtype:
+                raise self._input_error(leaves)
+            if dtype == torch.bfloat16:
+                raise UnsupportedInputError("bfloat16 inputs cannot be passed to OpenVINO through numpy; tune the "
+                                            "module with float32 inputs and set inference_precision='bf16'.")
+            feed.append(t.detach().cpu().numpy())
+        return feed
+
+    def _input_error(self, leaves: Any) -> UnsupportedInputError:
+        for t, spec in zip(leaves, self._spec.inputs, strict=False):
+            if not isinstance(t, torch.Tensor):
+                return UnsupportedInputError(f"{spec.locator}: expected a tensor, got {type(t).__name__}.")
+            if dtype_name(t.dtype) != spec.dtype:
+                return UnsupportedInputError(
+                    f"{spec.locator}: expected dtype {spec.dtype}, got {dtype_name(t.dtype)}; the OpenVINO model was "
+                    f"built for {spec.dtype} inputs. Cast the input, or tune with {dtype_name(t.dtype)} inputs."
+                )
+            if not spec.accepts(tuple(t.shape)):
+                return UnsupportedInputError(
+                    f"{spec.locator}: shape {list(t.shape)} is outside the tuned range (shape {list(spec.shape)}, "
+                    f"min {list(spec.min_shape)}, max {list(spec.max_shape)}). Tune with inputs covering this shape."
+                )
+        return UnsupportedInputError(f"OpenVINO rejected the inputs of graph {self._spec.name!r}; see the cause.")
+
+
+def _empty(ov_type: Any) -> Any:
+    import numpy as np
+
+    return np.empty(0, dtype=ov_type.to_dtype())
+
+
+class OpenVINOBackend(Backend):
+    """Runs inference via OpenVINO compiled models (Intel CPU/GPU)."""
+
+    STATE_OV_MODEL_DIR = "ov_model_dir"
+
+    def __init__(self, config: OpenVINOBackendConfig | None = None) -> None:
+        """Initializes backend."""
+        super().__init__()
+        self._config = config or OpenVINOBackendConfig()
+        self._ov_model_dir: Path | None = None
+        self._ov_model_xml: Path | None = None
+        self._graph_spec: GraphSpec | None = None
+        self._output_object: Any = None
+        self._compiled_model: Any = None
+        self._runner: _Runner | None = None
+        self._precision: str | None = None
+
+    @property
+    def executed_precision(self) -> str:
+        """The precision the compiled model runs in, read back from OpenVINO (``fp32``, ``bf16``, ``fp16``)."""
+        if self._precision is not None:
+            return self._precision
+        if self._config.inference_precision is not None:
+            return _REPORTED[self._config.inference_precision]
+        return _precision_name(ov_core().get_property(ov_device_name(self._device), "INFERENCE_PRECISION_HINT"))
+
+    def _build(self, module: nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> Backend:
+        import_openvino()
+        self._check_device_available()
+        self._graph_spec = graph_spec
+        self._output_object = spec_to_json(graph_spec.output_structure)
+        self._ov_model_dir = cache_dir / "openvino"
+        self._ov_model_xml = convert(module, graph_spec, data, self._config.use_dynamo, self._ov_model_dir,
+                                     self._config.to_dict())
+        self._compile(building=True)
+        return self
+
+    def _activate(self) -> None:
+        if self._runner is None:
+            self._compile(building=False)
+
+    def _deactivate(self) -> None:
+        self._runner = None
+        self._compiled_model = None
+
+    def _deploy(self) -> None:
+        self._deactivate()
+        self._compile(building=False)
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        return self._runner(args, kwargs)  # type: ignore[misc]
+
+    def _check_device_available(self) -> str:
+        name = ov_device_name(self._device)
+        available = ov_core().available_devices
+        if name not in available and not (name == "GPU.0" and "GPU" in available):
+            raise UnsupportedDeviceError(
+                f"OpenVINO device {name} (for torch device {self._device}) is not available; OpenVINO sees "
+                f"{available}. Install the Intel GPU driver or use device='cpu'."
+            )
+        return name
+
+    def _compile(self, building: bool) -> None:
+        xml, graph_spec = self._ov_model_xml, self._graph_spec
+        if xml is None or graph_spec is None:
+            raise RuntimeError("Backend has not been properly initialized. Please call build() first.")
+        _check_ir_files(xml.parent)
+        device = self._check_device_available()
+        config: dict[str, Any] = {"PERFORMANCE_HINT": self._config.performance_hint}
+        if self._config.inference_precision is not None:
+            config["INFERENCE_PRECISION_HINT"] = self._config.inference_precision
+        cache = xml.parent.parent / MODEL_CACHE_DIR_NAME
+        if os.access(xml.parent.parent, os.W_OK):
+            config["CACHE_DIR"] = str(cache)
+        try:
+            compiled = ov_core().compile_model(str(xml), device, config)
+            self._runner = _Runner(compiled, graph_spec, self._device)
+        except Exception as exc:
+            if building:
+                raise ConversionError(f"OpenVINO could not compile the converted model for {device}: {exc}") from exc
+            raise CheckpointError(
+                f"Could not load the OpenVINO IR {xml} for {device}: {exc}. The IR is corrupt or incompatible with "
+                "this OpenVINO version; tune the module again or restore the checkpoint."
+            ) from exc
+        self._compiled_model = compiled
+        self._precision = _precision_name(compiled.get_property("INFERENCE_PRECISION_HINT"))
+        self._logger.debug("Compiled %s for %s with %s; executes in %s.", xml, device, config, self._precision)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the state_dict of the backend (the IR folder as a ``Path``, copied by the checkpoint)."""
+        if self._ov_model_dir is None or self._graph_spec is None:
+            raise RuntimeError("Backend has not been properly initialized. Please call build() first.")
+        return {
+            self.STATE_TYPE: self.__class__.__name__,
+            self.STATE_CONFIG: self._config.to_dict(),
+            self.STATE_OV_MODEL_DIR: self._ov_model_dir,
+            self.STATE_OUTPUT_OBJECT: self._output_object,
+            self.STATE_GRAPH_SPEC: self._graph_spec.to_dict(),
+            self.STATE_DEVICE: str(self._device) if self._device is not None else None,
+        }
+
+    @classmethod
+    def from_dict(cls, module: nn.Module | None, state_dict: dict[str, Any]) -> OpenVINOBackend:
+        """Creates a backend from a state_dict (``module`` is not needed: the IR holds the weights)."""
+        if not isinstance(state_dict, dict) or state_dict.get(cls.STATE_TYPE) != cls.__name__:
+            found = state_dict.get(cls.STATE_TYPE) if isinstance(state_dict, dict) else type(state_dict).__name__
+            raise ValueError(f"Invalid state_dict type: {found}")
+        config = OpenVINOBackendConfig.from_dict(state_dict[cls.STATE_CONFIG])
+        backend = cls(config=config)
+        if cls.STATE_OV_MODEL_DIR not in state_dict:
+            raise ValueError("Checkpoint is missing OpenVINO model path (ov_model_dir).")
+        backend._ov_model_dir = Path(state_dict[cls.STATE_OV_MODEL_DIR])
+        _check_ir_files(backend._ov_model_dir)
+        backend._ov_model_xml = backend._ov_model_dir / OV_MODEL_XML_NAME
+        backend._output_object = state_dict.get(cls.STATE_OUTPUT_OBJECT)
+        backend._graph_spec = GraphSpec.from_dict(state_dict[cls.STATE_GRAPH_SPEC])
+        backend._set_device(state_dict.get(cls.STATE_DEVICE))
+        backend.state = BackendState.CHECKPOINT_LOADED
+        return backend
+
+
+def _check_ir_files(ir_dir: Path) -> None:
+    missing = [name for name in (OV_MODEL_XML_NAME, OV_MODEL_BIN_NAME) if not (ir_dir / name).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"The OpenVINO IR folder {ir_dir} lacks {', '.join(missing)}; the checkpoint is incomplete or the "
+            "cache folder was cleaned. Tune the module again or restore the files."
+        )
