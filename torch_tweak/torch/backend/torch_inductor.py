@@ -1,0 +1,276 @@
+"""Torch Inductor: ``torch.compile`` of the module's own forward, compiled while tuning.
+
+The compile happens in :meth:`TorchInductorBackend.build` (and again in ``activate``/``deploy``): the
+backend runs synthesized inputs at the graph's smallest and largest batch and every recorded sample once,
+so the user's first call after tuning does not pay for compilation. Compiled artifacts are not stored in
+checkpoints: a restored backend compiles again at ``deploy`` (fast when ``TORCHINDUCTOR_CACHE_DIR`` holds
+Inductor's on-disk cache from the tuning run).
+
+The helpers at the top (warm-up inputs, build errors) are shared with the AOT and TorchAO backends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torch_tweak.errors import BuildError, ConfigError
+from torch_tweak.torch.backend.backend import Backend, BackendConfig, BackendState
+from torch_tweak.torch.backend.torch_eager import (
+    AUTOCAST_DTYPES,
+    autocast_context,
+    normalize_autocast,
+    restore_dtypes,
+)
+from torch_tweak.torch.module._forward import original_forward
+from torch_tweak.torch.module.spec import GraphSpec
+from torch_tweak.torch.module.tree import Sample, flatten_sample, unflatten_sample
+
+BUILD_LOG_NAME = "build.log"
+_MAX_CAUSE_CHARS = 600
+
+
+# shared helpers -----------------------------------------------------------------------------------
+
+
+def build_failure(
+    what: str, exc: BaseException, cache_dir: Path | None, hint: str = "", error_cls: type[BuildError] = BuildError
+) -> BuildError:
+    """A :class:`BuildError` saying what failed, the cause, how to fix it and where the compiler log is."""
+    cause = str(exc).strip() or repr(exc)
+    if len(cause) > _MAX_CAUSE_CHARS:
+        cause = cause[:_MAX_CAUSE_CHARS] + " ..."
+    message = f"{what}: {type(exc).__name__}: {cause}"
+    if hint:
+        message += f"\n{hint}"
+    log_path = None
+    if cache_dir is not None:
+        log_path = str(Path(cache_dir) / BUILD_LOG_NAME)
+        message += f"\nCompiler output of this build: {log_path}"
+    return error_cls(message, log_path=log_path)
+
+
+def clone_sample(sample: Sample) -> Sample:
+    """A copy of ``sample`` whose tensors are cloned (a module may modify its inputs in place)."""
+    leaves, structure = flatten_sample(*sample)
+    return unflatten_sample(structure, [t.clone() for t in leaves])
+
+
+def example_batch_sizes(graph_spec: GraphSpec) -> list[int | None]:
+    """Batch sizes to synthesize warm-up inputs at: one >= 2 (for dynamic shapes), the smallest, the largest."""
+    batch_range = graph_spec.batch_range()
+    if batch_range is None:
+        return [None]
+    lo, hi = batch_range
+    sizes = [min(max(lo, 2), hi), lo, hi]
+    return list(dict.fromkeys(sizes))
+
+
+def mark_symbolic_axes(sample: Sample, graph_spec: GraphSpec) -> None:
+    """Hint Dynamo that the graph's batch and dynamic axes vary, so the first compile is dynamic on them."""
+    leaves, _ = flatten_sample(*sample)
+    if len(leaves) != len(graph_spec.inputs):
+        return
+    for leaf, spec in zip(leaves, graph_spec.inputs, strict=True):
+        for axis, size in enumerate(spec.shape):
+            if isinstance(size, str):
+                torch._dynamo.maybe_mark_dynamic(leaf, axis)
+
+
+def warm_up(
+    fn: Callable[..., Any],
+    graph_spec: GraphSpec,
+    data: list[Sample],
+    device: torch.device | None,
+    context: Callable[[], Any],
+    mark_dynamic: bool,
+) -> None:
+    """Run ``fn`` on synthesized inputs (first one marked dynamic if asked) and once on each recorded sample."""
+    device = device or torch.device("cpu")
+    examples = [graph_spec.example_inputs(bs, device=device) for bs in example_batch_sizes(graph_spec)]
+    if mark_dynamic and graph_spec.batch_range() is not None:
+        mark_symbolic_axes(examples[0], graph_spec)
+    with torch.no_grad(), context():
+        for args, kwargs in [*examples, *(clone_sample(s) for s in data)]:
+            fn(*args, **kwargs)
+
+
+# Inductor backend ---------------------------------------------------------------------------------
+
+
+def _mode_names() -> list[str]:
+    import torch._inductor
+
+    return sorted(torch._inductor.list_mode_options())
+
+
+@dataclass
+class TorchInductorBackendConfig(BackendConfig):
+    """Configuration of :class:`TorchInductorBackend` (the arguments of ``torch.compile``).
+
+    Attributes:
+        fullgraph: require one graph without breaks; a module with graph breaks then fails to build.
+        dynamic: None lets Dynamo decide (the backend hints the graph's batch and dynamic axes, so one
+            dynamic graph serves every batch >= 2 plus one for batch 1); True compiles dynamic shapes from the
+            start; False compiles one graph per input shape (every new shape recompiles at inference).
+        mode: an Inductor mode: ``"default"``, ``"max-autotune-no-cudagraphs"`` (autotunes GEMM templates,
+            mostly with ``options={"freezing": True}``), ``"max-autotune"``, ``"reduce-overhead"`` (CUDA graphs,
+            nothing extra on CPU) or ``"lite"``. Mutually exclusive with ``options``.
+        options: Inductor config options, e.g. ``{"freezing": True}`` (the fastest setting on CPU in our
+            measurements: weights are folded as constants).
+        autocast_enabled: run under ``torch.autocast`` for the device type.
+        autocast_dtype: ``"bfloat16"`` or ``"float16"`` (None: the device's autocast default).
+    """
+
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    mode: str | None = None
+    options: dict[str, Any] | None = None
+    autocast_enabled: bool = False
+    autocast_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        self.autocast_dtype = normalize_autocast(self.autocast_enabled, self.autocast_dtype, owner)
+        if not isinstance(self.fullgraph, bool):
+            raise ConfigError(f"{owner}.fullgraph must be a bool, got {self.fullgraph!r}.")
+        if self.dynamic is not None and not isinstance(self.dynamic, bool):
+            raise ConfigError(f"{owner}.dynamic must be None, True or False, got {self.dynamic!r}.")
+        if self.mode is not None and self.options is not None:
+            raise ConfigError(
+                f"{owner}: mode={self.mode!r} and options={self.options!r} were both given, but torch.compile "
+                "accepts only one of them; pass the mode's settings through options, or drop options."
+            )
+        if self.mode is not None and self.mode not in _mode_names():
+            raise ConfigError(f"{owner}.mode={self.mode!r} is not an Inductor mode; valid modes: {_mode_names()}.")
+        if self.options is not None:
+            self.options = validate_inductor_options(self.options, owner)
+
+
+def validate_inductor_options(options: Any, owner: str) -> dict[str, Any]:
+    """Check that ``options`` is a dict of known Inductor options with JSON-able values."""
+    import torch._inductor
+
+    if not isinstance(options, dict):
+        raise ConfigError(f"{owner}.options must be a dict of Inductor options, got {type(options).__name__}.")
+    known = set(torch._inductor.list_options())
+    unknown = sorted(str(k) for k in options if k not in known)
+    if unknown:
+        raise ConfigError(
+            f"{owner}.options has unknown Inductor option(s) {unknown}; see torch._inductor.list_options()."
+        )
+    for key, value in options.items():
+        if value is not None and not isinstance(value, (bool, int, float, str)):
+            raise ConfigError(f"{owner}.options[{key!r}] must be a bool, number, string or None, got {value!r}.")
+    return dict(options)
+
+
+class TorchInductorBackend(Backend):
+    """Runs the module's own forward compiled with ``torch.compile`` (Inductor), optionally under autocast.
+
+    The compiled callable belongs to this backend only: ``deactivate`` drops it and never resets Dynamo or
+    Inductor state that other tuned modules rely on; ``activate`` compiles again and warms up on inputs
+    synthesized from the graph spec. Checkpoints store only the config and the graph spec; the weights are
+    the wrapped module's own (``requires_original_module``).
+    """
+
+    requires_original_module = True
+
+    def __init__(self, config: TorchInductorBackendConfig | None = None) -> None:
+        super().__init__()
+        self._config = config or TorchInductorBackendConfig()
+        self._module: nn.Module | None = None
+        self._graph_spec: GraphSpec | None = None
+        self._compiled: Callable[..., Any] | None = None
+        self._cache_dir: Path | None = None
+
+    @property
+    def executed_precision(self) -> str:
+        """``fp32`` unless autocast runs the module in bf16 or fp16."""
+        if not self._config.autocast_enabled:
+            return "fp32"
+        return AUTOCAST_DTYPES[self._config.autocast_dtype or "bfloat16"]
+
+    def _context(self) -> Any:
+        return autocast_context(self._device, self._config.autocast_enabled, self._config.autocast_dtype)
+
+    def _compile(self, data: list[Sample]) -> None:
+        """Compile the module's forward and run the warm-up inputs so every compile happens now."""
+        if self._module is None or self._graph_spec is None:
+            raise RuntimeError("Backend has not been properly initialized. Please call build() first.")
+        config = self._config
+        compiled = torch.compile(
+            original_forward(self._module),
+            fullgraph=config.fullgraph,
+            dynamic=config.dynamic,
+            mode=config.mode,
+            options=dict(config.options) if config.options is not None else None,
+        )
+        try:
+            warm_up(compiled, self._graph_spec, data, self._device, self._context, mark_dynamic=config.dynamic is None)
+        except Exception as exc:
+            hint = ""
+            if config.fullgraph and isinstance(exc, torch._dynamo.exc.Unsupported):
+                hint = (
+                    "fullgraph=True requires a module without graph breaks, and this one has one (see the cause "
+                    "above); use fullgraph=False, or remove the data-dependent Python code from the forward."
+                )
+            raise build_failure(f"torch.compile of graph {self._graph_spec.name!r} failed", exc, self._cache_dir,
+                                hint) from exc
+        self._compiled = compiled
+
+    def _build(self, module: nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> Backend:
+        self._module = module
+        self._graph_spec = graph_spec
+        self._cache_dir = cache_dir
+        self._compile(data)
+        return self
+
+    def _activate(self) -> None:
+        if self._compiled is None:
+            self._compile([])
+
+    def _deactivate(self) -> None:
+        self._compiled = None
+
+    def _deploy(self) -> None:
+        if self._module is not None and self._device is not None:
+            self._module.to(self._device)
+        self._compile([])
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.no_grad(), self._context():
+            outputs = self._compiled(*args, **kwargs)  # type: ignore[misc]
+        if self._config.autocast_enabled and self._graph_spec is not None:
+            outputs = restore_dtypes(outputs, self._graph_spec)
+        return outputs
+
+    def to_dict(self) -> dict[str, Any]:
+        """Type, config, graph spec and device (all JSON-able); no tensors and no artifact files."""
+        if self._graph_spec is None:
+            raise RuntimeError("Backend has not been properly initialized. Please call build() first.")
+        return {
+            self.STATE_TYPE: self.__class__.__name__,
+            self.STATE_CONFIG: self._config.to_dict(),
+            self.STATE_GRAPH_SPEC: self._graph_spec.to_dict(),
+            self.STATE_DEVICE: str(self._device) if self._device is not None else None,
+        }
+
+    @classmethod
+    def from_dict(cls, module: nn.Module | None, state_dict: dict[str, Any]) -> TorchInductorBackend:
+        """Recreate the backend around ``module``; ``deploy`` compiles it (with inputs synthesized from the spec)."""
+        if state_dict.get(cls.STATE_TYPE) != cls.__name__:
+            raise ValueError(f"Invalid state_dict type: {state_dict.get(cls.STATE_TYPE)}")
+        if module is None:
+            raise ValueError(f"{cls.__name__}.from_dict needs the original module: Inductor compiles its forward.")
+        backend = cls(config=TorchInductorBackendConfig.from_dict(state_dict[cls.STATE_CONFIG]))
+        backend._module = module
+        backend._graph_spec = GraphSpec.from_dict(state_dict[cls.STATE_GRAPH_SPEC])
+        backend._set_device(state_dict.get(cls.STATE_DEVICE))
+        backend.state = BackendState.CHECKPOINT_LOADED
+        return backend
