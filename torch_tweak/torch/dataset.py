@@ -10,8 +10,9 @@ Accepted datasets: a tensor (one item without a batch axis), a sequence (list/tu
 * a string → one positional argument (a batch is a list of strings).
 
 A batch of size ``b`` stacks ``b`` consecutive items along a new first axis. Items whose tensors do
-not share shapes (e.g. sentences of different lengths) are batched by repeating each item ``b`` times.
-Non-tensor values that are equal across a batch (``num_steps=2``) stay plain values.
+not share shapes (e.g. sentences of different lengths) or whose structures differ are batched by
+repeating each item ``b`` times.
+Numbers stay plain values (``num_steps=2``); items whose numbers differ are batched by repetition too.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def dataset_items(dataset: Any) -> list[Any]:
         items = list(dataset)
     elif isinstance(dataset, torch.utils.data.Dataset) and hasattr(dataset, "__len__"):
         items = [dataset[i] for i in range(len(dataset))]  # type: ignore[arg-type]
-    elif isinstance(dataset, (str, bytes, dict)) or not hasattr(dataset, "__iter__"):
+    elif isinstance(dataset, (str, bytes, dict, set, frozenset)) or not hasattr(dataset, "__iter__"):
         raise UnsupportedInputError(
             f"Unsupported dataset type {type(dataset).__name__}: pass a tensor, a list of items or a "
             "torch.utils.data.Dataset with __len__."
@@ -102,7 +103,7 @@ def iter_batches(items: Sequence[Any], batch_size: int) -> Iterator[Sample]:
 def _collate_calls(calls: list[Sample]) -> Sample:
     first_args, first_kwargs = calls[0]
     if any(len(a) != len(first_args) or set(k) != set(first_kwargs) for a, k in calls):
-        raise DatasetError("Dataset items have different structures (argument counts or keys); they cannot be batched.")
+        raise _Ragged
     args = tuple(_collate([a[i] for a, _ in calls]) for i in range(len(first_args)))
     kwargs = {key: _collate([k[key] for _, k in calls]) for key in first_kwargs}
     return args, kwargs
@@ -128,5 +129,5 @@ def _collate(values: list[Any]) -> Any:
     if isinstance(first, numbers.Number):
         if all(v == first for v in values):
             return first
-        return torch.tensor(values)
+        raise _Ragged
     raise UnsupportedInputError(f"Cannot batch values of type {type(first).__name__}.")

@@ -1,0 +1,28 @@
+"""Shared fixtures: an isolated cache folder per test, settings reset, compiler caches per session."""
+
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+
+import pytest
+
+_SESSION_TMP = tempfile.mkdtemp(prefix="torch_tweak_tests_")
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_SESSION_TMP, "inductor"))
+os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+
+import torch  # noqa: E402
+
+import torch_tweak.torch as tt  # noqa: E402
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config(tmp_path):
+    tt.config.reset()
+    tt.config.cache_dir = tmp_path / "cache"
+    yield
+    tt.config.reset()
+    gc.collect()

@@ -1,0 +1,190 @@
+"""AOTInductor: ``torch.export`` of one graph, compiled ahead of time into a ``.pt2`` package.
+
+The graph is exported through a flat wrapper (inputs are the graph's tensors in :class:`GraphSpec` order,
+non-tensor values are bound from the recorded structure, outputs are returned flattened), with dynamic
+shapes from the graph spec: one shared ``Dim`` for every batch axis (``k * batch`` for an axis that holds
+``k`` items per batch element) and one per dynamic axis with its observed range. Export examples use batch
+and dynamic sizes >= 2, because ``torch.export`` specialises sizes 0 and 1. The package
+(``<cache_dir>/model.pt2``) holds the compiled code and the weights, so neither the original module nor a
+compiler is needed at inference, and a backend restored from a checkpoint only loads the package.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torch_tweak.errors import BuildError, ConfigError, ConversionError, UnsupportedDeviceError
+from torch_tweak.torch.backend.backend import Backend, BackendConfig, BackendState
+from torch_tweak.torch.backend.openvino.converter import FlatForward, dynamic_shapes, example_leaves
+from torch_tweak.torch.backend.torch_inductor import build_failure, validate_inductor_options
+from torch_tweak.torch.module._forward import pristine
+from torch_tweak.torch.module.spec import GraphSpec
+from torch_tweak.torch.module.tree import Sample, flatten_sample, unflatten
+from torch_tweak.utils.permissions import secure_file
+
+logger = logging.getLogger(__name__)
+
+PACKAGE_NAME = "model.pt2"
+STATE_PACKAGE = "package"
+
+
+@dataclass
+class TorchInductorAOTBackendConfig(BackendConfig):
+    """Configuration of :class:`TorchInductorAOTBackend`.
+
+    Attributes:
+        options: Inductor config options for ``aoti_compile_and_package`` (e.g. ``{"max_autotune": True}``).
+        strict: export with ``torch.export``'s strict mode (TorchDynamo tracing) instead of the default
+            non-strict mode (Python runs as usual; more models export).
+    """
+
+    options: dict[str, Any] | None = None
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        if not isinstance(self.strict, bool):
+            raise ConfigError(f"{owner}.strict must be a bool, got {self.strict!r}.")
+        if self.options is not None:
+            self.options = validate_inductor_options(self.options, owner)
+
+
+def export_graph(module: nn.Module, graph_spec: GraphSpec, data: list[Sample], strict: bool) -> Any:
+    """``torch.export`` one graph of ``module`` through :class:`FlatForward`; raise :class:`ConversionError`.
+
+    Independent dynamic axes are tried first; if ``torch.export`` finds them related (e.g. the sequence axis of
+    ids and of their mask), it is retried with ``Dim.AUTO`` so that export infers the relation.
+    """
+    leaves = tuple(example_leaves(graph_spec, data))
+    with torch.no_grad(), pristine(module):
+        wrapper = FlatForward(module, graph_spec).eval()
+
+        def export(auto_dims: bool) -> Any:
+            shapes = dynamic_shapes(graph_spec, auto_dims=auto_dims)
+            return torch.export.export(wrapper, leaves, dynamic_shapes=shapes, strict=strict)
+
+        try:
+            return export(auto_dims=False)
+        except Exception as exc:
+            if not any(s.dynamic_axes() for s in graph_spec.inputs):
+                raise
+            logger.info("torch.export with independent dynamic dims failed (%s); retrying with Dim.AUTO.", exc)
+        return export(auto_dims=True)
+
+
+class TorchInductorAOTBackend(Backend):
+    """Runs one graph as an AOTInductor package compiled at build time and loaded without recompiling.
+
+    Checkpoints store the config, the graph spec (the output structure included) and the package file
+    (``to_dict()["package"]`` is a :class:`pathlib.Path`); no tensors and no recorded inputs.
+    """
+
+    requires_original_module = False
+
+    def __init__(self, config: TorchInductorAOTBackendConfig | None = None) -> None:
+        super().__init__()
+        self._config = config or TorchInductorAOTBackendConfig()
+        self._graph_spec: GraphSpec | None = None
+        self._package: Path | None = None
+        self._runner: Any = None
+
+    def _build(self, module: nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> Backend:
+        self._graph_spec = graph_spec
+        try:
+            program = export_graph(module, graph_spec, data, self._config.strict)
+        except Exception as exc:
+            raise build_failure(
+                f"torch.export of graph {graph_spec.name!r} for AOTInductor failed",
+                exc,
+                cache_dir,
+                "The module could not be captured as one graph with the recorded dynamic shapes; data-dependent "
+                "Python control flow and sizes fixed by the code are the usual causes. Use TorchInductorBackend "
+                "(torch.compile allows graph breaks) for this module.",
+                error_cls=ConversionError,
+            ) from exc
+        package = cache_dir / PACKAGE_NAME
+        try:
+            import torch._inductor
+
+            with torch.no_grad():
+                torch._inductor.aoti_compile_and_package(
+                    program, package_path=str(package), inductor_configs=self._config.options
+                )
+        except Exception as exc:
+            raise build_failure(f"AOTInductor compilation of graph {graph_spec.name!r} failed", exc, cache_dir) from exc
+        secure_file(package)
+        self._package = package
+        self._load()
+        for sample in data:  # the first run of each recorded shape happens now, not at the user's first call
+            self._infer(*sample[0], **sample[1])
+        return self
+
+    def _load(self) -> None:
+        if self._package is None or not self._package.is_file():
+            raise BuildError(f"The AOTInductor package {self._package} does not exist; build the backend again.")
+        import torch._inductor
+
+        index = self._device.index if self._device is not None and self._device.index is not None else -1
+        try:
+            self._runner = torch._inductor.aoti_load_package(str(self._package), device_index=index)
+        except Exception as exc:
+            raise build_failure(f"Loading the AOTInductor package {self._package} failed", exc, None) from exc
+
+    def _activate(self) -> None:
+        if self._runner is None:
+            self._load()
+
+    def _deactivate(self) -> None:
+        self._runner = None
+
+    def _deploy(self) -> None:
+        self._load()
+
+    def _set_device(self, device: torch.device | str | None) -> None:
+        previous = self._device
+        super()._set_device(device)
+        if previous is not None and self._device is not None and previous.type != self._device.type:
+            self._device = previous
+            raise UnsupportedDeviceError(
+                f"{self.name}: the AOTInductor package was compiled for {previous.type!r} and cannot run on "
+                f"{str(device)!r}; tune the module again on that device."
+            )
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, _ = flatten_sample(args, kwargs)
+        with torch.no_grad():
+            outputs = self._runner(*leaves)
+        return unflatten(self._graph_spec.output_structure, outputs)  # type: ignore[union-attr]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Type, config, graph spec, device and the package file to store (a :class:`pathlib.Path`)."""
+        if self._graph_spec is None or self._package is None:
+            raise RuntimeError("Backend has not been properly initialized. Please call build() first.")
+        return {
+            self.STATE_TYPE: self.__class__.__name__,
+            self.STATE_CONFIG: self._config.to_dict(),
+            self.STATE_GRAPH_SPEC: self._graph_spec.to_dict(),
+            self.STATE_DEVICE: str(self._device) if self._device is not None else None,
+            STATE_PACKAGE: self._package,
+        }
+
+    @classmethod
+    def from_dict(cls, module: nn.Module | None, state_dict: dict[str, Any]) -> TorchInductorAOTBackend:
+        """Restore from :meth:`to_dict` output (``package`` is the extracted file); ``module`` is not needed."""
+        if state_dict.get(cls.STATE_TYPE) != cls.__name__:
+            raise ValueError(f"Invalid state_dict type: {state_dict.get(cls.STATE_TYPE)}")
+        package = state_dict.get(STATE_PACKAGE)
+        if not isinstance(package, (str, Path)):
+            raise ValueError(f"{cls.__name__} state_dict needs the package path under {STATE_PACKAGE!r}.")
+        backend = cls(config=TorchInductorAOTBackendConfig.from_dict(state_dict[cls.STATE_CONFIG]))
+        backend._graph_spec = GraphSpec.from_dict(state_dict[cls.STATE_GRAPH_SPEC])
+        backend._package = Path(package)
+        backend._set_device(state_dict.get(cls.STATE_DEVICE))
+        backend.state = BackendState.CHECKPOINT_LOADED
+        return backend
