@@ -1,0 +1,85 @@
+"""The fidelity check compares candidate outputs with eager outputs by executed precision."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from toy_models import Pair
+
+from torch_tweak.errors import ConfigError
+from torch_tweak.torch.fidelity import FidelityConfig, Tolerance, check_fidelity
+
+
+def test_identical_outputs_pass():
+    out = {"a": torch.randn(3, 4), "b": [torch.arange(3), None]}
+    result = check_fidelity(out, out, "fp32")
+    assert result.passed and result.max_abs_error == 0.0 and result.min_cosine == pytest.approx(1.0)
+
+
+def test_fp32_tight_tolerance():
+    ref = torch.randn(64, 64)
+    assert check_fidelity(ref, ref + 1e-6, "fp32").passed
+    result = check_fidelity(ref, ref + 1e-2, "fp32")
+    assert not result.passed and "exceed atol" in result.message
+    assert result.max_abs_error == pytest.approx(1e-2, rel=1e-3)
+
+
+def test_bf16_error_passes_bf16_tolerance_but_not_fp32():
+    ref = torch.randn(128, 128)
+    bf16 = ref.to(torch.bfloat16).float()
+    assert check_fidelity(ref, bf16, "bf16").passed
+    assert not check_fidelity(ref, bf16, "fp32").passed
+
+
+def test_int8_uses_cosine_and_relative_error():
+    ref = torch.randn(256)
+    noisy = ref + 0.05 * torch.randn(256)
+    assert check_fidelity(ref, noisy, "int8").passed
+    result = check_fidelity(ref, torch.randn(256), "int8")
+    assert not result.passed and "relative L2" in result.message
+
+
+def test_nan_and_inf_are_rejected():
+    ref = torch.ones(4)
+    for bad in (float("nan"), float("inf")):
+        broken = ref.clone()
+        broken[2] = bad
+        result = check_fidelity(ref, broken, "bf16")
+        assert not result.passed and "NaN/Inf" in result.message
+
+
+def test_nan_where_eager_was_nan_is_accepted():
+    ref = torch.tensor([1.0, float("nan")])
+    assert check_fidelity(ref, ref.clone(), "fp32").passed
+
+
+def test_structure_shape_and_count_mismatches():
+    ref = Pair(torch.ones(2), torch.ones(3))
+    assert "output tensor" in check_fidelity(ref, Pair(torch.ones(2), torch.ones(4)), "fp32").message
+    assert "expected 2 output tensor" in check_fidelity(ref, torch.ones(2), "fp32").message
+    assert "structure" in check_fidelity(ref, (torch.ones(2), torch.ones(3)), "fp32").message
+    assert "structure" in check_fidelity((torch.ones(1), 1), (torch.ones(1), 2), "fp32").message
+
+
+def test_integer_outputs_must_match_exactly_in_fp32():
+    ref = torch.arange(100)
+    almost = ref.clone()
+    almost[0] = 7
+    assert not check_fidelity(ref, almost, "fp32").passed
+    assert check_fidelity(ref, almost, "bf16").passed
+
+
+def test_custom_tolerances_and_validation():
+    config = FidelityConfig({"fp32": Tolerance(atol=0.1, rtol=0.0)})
+    ref = torch.zeros(3)
+    assert check_fidelity(ref, ref + 0.05, "fp32", config).passed
+    with pytest.raises(ConfigError):
+        Tolerance(atol=-1.0, rtol=0.0)
+    with pytest.raises(ConfigError):
+        Tolerance(atol=1e-3)
+    with pytest.raises(ConfigError):
+        Tolerance(min_cosine=2.0)
+    with pytest.raises(ConfigError):
+        Tolerance()
+    with pytest.raises(ConfigError):
+        FidelityConfig({"fp32": 1e-3})  # type: ignore[dict-item]

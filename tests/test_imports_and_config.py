@@ -1,0 +1,51 @@
+"""Lean imports and global settings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import torch_tweak.torch as tt
+from torch_tweak.errors import ConfigError, TorchTweakError
+
+
+def test_import_does_not_load_heavy_dependencies():
+    code = (
+        "import sys, torch_tweak; assert 'torch' not in sys.modules, 'torch_tweak imported torch';"
+        "import torch_tweak.torch, torch_tweak.torch.backend;"
+        "bad = [m for m in ('openvino', 'torchao') if m in sys.modules]; assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_public_surface():
+    for name in ("Module", "tune", "config", "TuningReport", "FirstWinsStrategy", "OneBackendStrategy", "TuneStrategy"):
+        assert name in tt.__all__ and hasattr(tt, name)
+    assert tt.__all__ == sorted(tt.__all__)
+
+
+def test_config_validation():
+    with pytest.raises(ConfigError, match="max_num_samples_stored"):
+        tt.config.max_num_samples_stored = 0
+    with pytest.raises(ConfigError, match="strict_mode"):
+        tt.config.strict_mode = "yes"
+    with pytest.raises(ConfigError, match="Unsupported device"):
+        tt.config.default_device = "cuda"
+    with pytest.raises(ConfigError, match="no setting"):
+        tt.config.cache_directory = "/tmp"
+    with pytest.raises(ConfigError, match="on_unknown_signature"):
+        tt.config.on_unknown_signature = "ignore"
+    tt.config.default_device = "XPU"
+    assert tt.config.default_device == "xpu:0"
+
+
+def test_errors_subclass_builtins():
+    from torch_tweak import errors
+
+    assert issubclass(errors.BackendStateError, RuntimeError)
+    assert issubclass(errors.ConfigError, ValueError)
+    assert issubclass(errors.UnsupportedInputError, TypeError)
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), TorchTweakError)
