@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from toy_models import Pipeline, mlp
 
 import torch_tweak.torch as tt
 from torch_tweak.errors import ConfigError, UnsupportedInputError
 from torch_tweak.torch.backend import TorchEagerBackend
-
-from toy_models import Pipeline, mlp
 
 
 def eager() -> tt.OneBackendStrategy:

@@ -31,7 +31,7 @@ from torch_tweak.torch.module.tree import Sample
 logger = logging.getLogger(__name__)
 
 
-class _Ragged(Exception):
+class _RaggedBatchError(Exception):
     """Items of a batch have tensors of different shapes."""
 
 
@@ -94,7 +94,7 @@ def iter_batches(items: Sequence[Any], batch_size: int) -> Iterator[Sample]:
         calls = [_as_call(item) for item in group]
         try:
             yield _collate_calls(calls)
-        except _Ragged:
+        except _RaggedBatchError:
             logger.debug("Items of different shapes: batching each item by repetition (batch size %d)", batch_size)
             for call in calls:
                 yield _collate_calls([call] * batch_size)
@@ -103,7 +103,7 @@ def iter_batches(items: Sequence[Any], batch_size: int) -> Iterator[Sample]:
 def _collate_calls(calls: list[Sample]) -> Sample:
     first_args, first_kwargs = calls[0]
     if any(len(a) != len(first_args) or set(k) != set(first_kwargs) for a, k in calls):
-        raise _Ragged
+        raise _RaggedBatchError
     args = tuple(_collate([a[i] for a, _ in calls]) for i in range(len(first_args)))
     kwargs = {key: _collate([k[key] for _, k in calls]) for key in first_kwargs}
     return args, kwargs
@@ -116,7 +116,7 @@ def _collate(values: list[Any]) -> Any:
         first = values[0]
     if isinstance(first, torch.Tensor):
         if any(not isinstance(v, torch.Tensor) or v.shape != first.shape for v in values):
-            raise _Ragged
+            raise _RaggedBatchError
         return torch.stack(values)
     if isinstance(first, str):
         return list(values)
@@ -129,5 +129,5 @@ def _collate(values: list[Any]) -> Any:
     if isinstance(first, numbers.Number):
         if all(v == first for v in values):
             return first
-        raise _Ragged
+        raise _RaggedBatchError
     raise UnsupportedInputError(f"Cannot batch values of type {type(first).__name__}.")

@@ -7,6 +7,7 @@ of the first axis. All run the module eagerly otherwise.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,5 +52,5 @@ class FailingBuildBackend(TorchEagerBackend):
     """Raises :class:`BuildError` from build."""
 
     def _build(self, module: nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> Backend:
-        print("compiler output that should land in build.log")
+        sys.stdout.write("compiler output that should land in build.log\n")
         raise BuildError("deliberate build failure")

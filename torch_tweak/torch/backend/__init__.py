@@ -20,7 +20,21 @@ _LAZY = {
     "TorchAOBackendConfig": "torch_tweak.torch.backend.torchao",
 }
 
-__all__ = sorted(["Backend", "BackendConfig", "BackendState", "TorchEagerBackend", "TorchEagerBackendConfig", *_LAZY])
+__all__ = [
+    "Backend",
+    "BackendConfig",
+    "BackendState",
+    "OpenVINOBackend",
+    "OpenVINOBackendConfig",
+    "TorchAOBackend",
+    "TorchAOBackendConfig",
+    "TorchEagerBackend",
+    "TorchEagerBackendConfig",
+    "TorchInductorAOTBackend",
+    "TorchInductorAOTBackendConfig",
+    "TorchInductorBackend",
+    "TorchInductorBackendConfig",
+]
 
 
 def available(name: str) -> bool:

@@ -54,7 +54,7 @@ class GraphTask:
         return [copy.deepcopy(s.sample) for s in self.samples]
 
 
-class CandidateFailed(TorchTweakError, RuntimeError):
+class CandidateFailedError(TorchTweakError, RuntimeError):
     """A candidate failed to build or was rejected; ``report`` holds its row, ``__cause__`` the error."""
 
     def __init__(self, report: CandidateReport) -> None:
@@ -107,7 +107,7 @@ class TuneStrategy(ABC):
         """Return a built, active, checked backend, or raise."""
 
     def try_backend(self, template: Backend, task: GraphTask, role: str = "candidate") -> tuple[Backend, CandidateReport]:
-        """Build and check a copy of ``template``; raises :class:`CandidateFailed` with the report row."""
+        """Build and check a copy of ``template``; raises :class:`CandidateFailedError` with the report row."""
         backend = copy.deepcopy(template)
         row = CandidateReport(backend=backend.describe(), key=backend.key(), role=role)
         task.report.candidates.append(row)
@@ -122,7 +122,7 @@ class TuneStrategy(ABC):
             row.build_time_s = time.perf_counter() - start
             row.status = BUILD_FAILED
             row.error = f"{type(exc).__name__}: {exc} (build log: {log_path})"
-            raise CandidateFailed(row) from exc
+            raise CandidateFailedError(row) from exc
         row.build_time_s = time.perf_counter() - start
         row.precision = backend.executed_precision
         if self._correctness_check:
@@ -141,7 +141,7 @@ class TuneStrategy(ABC):
                 row.status = INFER_FAILED
                 row.error = f"{type(exc).__name__}: {exc}"
                 _release(backend)
-                raise CandidateFailed(row) from exc
+                raise CandidateFailedError(row) from exc
             current = check_fidelity(sample.outputs, outputs, row.precision or "fp32", self.fidelity)
             result = current if result is None else result.merge(current)
             if not current.passed:
@@ -153,7 +153,7 @@ class TuneStrategy(ABC):
             row.status = REJECTED
             row.error = f"FidelityError: {result.message} (tolerance for {result.precision}: {result.tolerance})"
             _release(backend)
-            raise CandidateFailed(row) from FidelityError(row.error)
+            raise CandidateFailedError(row) from FidelityError(row.error)
 
 
 def _release(backend: Backend) -> None:

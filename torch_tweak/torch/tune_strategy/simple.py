@@ -9,7 +9,7 @@ from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.fidelity import FidelityConfig
 from torch_tweak.torch.report.report import CHOSEN
 from torch_tweak.torch.tune_strategy.base import (
-    CandidateFailed,
+    CandidateFailedError,
     GraphTask,
     TuneStrategy,
     backends_from,
@@ -37,7 +37,7 @@ class OneBackendStrategy(TuneStrategy):
     def _tune(self, task: GraphTask) -> Backend:
         try:
             backend, row = self.try_backend(self.backend, task)
-        except CandidateFailed as failure:
+        except CandidateFailedError as failure:
             raise (failure.__cause__ or failure) from None
         row.status = CHOSEN
         task.report.chosen = row.backend
@@ -69,7 +69,7 @@ class FirstWinsStrategy(TuneStrategy):
         for template in self.candidates():
             try:
                 backend, row = self.try_backend(template, task)
-            except CandidateFailed as failure:
+            except CandidateFailedError as failure:
                 failures.append(failure.report)
                 continue
             row.status = CHOSEN
