@@ -14,6 +14,7 @@ Importing this module imports torch but neither openvino nor torchao.
 
 from torch_tweak.torch.config import config
 from torch_tweak.torch.fidelity import FidelityConfig, Tolerance
+from torch_tweak.torch.inspecting import InspectionReport, ModuleInfo, inspect, wrap
 from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
 from torch_tweak.torch.module.tree import register_type
 from torch_tweak.torch.module.wrapper import Module, ModuleState
@@ -25,7 +26,9 @@ __all__ = [
     "FidelityConfig",
     "FirstWinsStrategy",
     "GraphSpec",
+    "InspectionReport",
     "Module",
+    "ModuleInfo",
     "ModuleState",
     "OneBackendStrategy",
     "TensorSpec",
@@ -33,6 +36,8 @@ __all__ = [
     "TuneStrategy",
     "TuningReport",
     "config",
+    "inspect",
     "register_type",
     "tune",
+    "wrap",
 ]
