@@ -119,3 +119,68 @@ def test_resize_batch_and_example_inputs():
     static, _ = dry_run(cnn(), [torch.randn(3, 8, 8)] * 2, batch_sizes=[2])
     with pytest.raises(ConfigError, match="no batch axis"):
         resize_batch(sample, static.graph_specs[0], 2)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_graph_key_from_spec_matches_the_recorded_key(strict):
+    from torch_tweak.torch.module.recording import Recorder
+
+    recorder = Recorder(strict, 2)
+    calls = [
+        ((torch.randn(2, 6),), {"mask": torch.ones(2, 6), "scale": 2.0}),
+        ((torch.randn(2, 6),), {}),
+        (([torch.ones(2, 6), (torch.ones(2), None)],), {"opts": {"k": 3, "t": torch.ones(1)}}),
+    ]
+
+    def forward(*args, **kwargs):
+        return Pair(torch.ones(1), args[0] if isinstance(args[0], torch.Tensor) else args[0][0])
+
+    for args, kwargs in calls:
+        recorder.record_call(forward, args, kwargs, 2)
+    for key, graph in recorder.graphs.items():
+        spec = GraphSpec.from_dict(json.loads(json.dumps(graph.graph_spec().to_dict())))
+        assert spec.key() == key
+
+
+class _Cache:
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+
+class _LM(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, cache_position=None, past_key_values=None):
+        return self.lin(x)
+
+
+def test_llm_phases_are_separate_graphs():
+    lm = tt.Module(_LM())
+    tt.tune(lm, [((torch.randn(4),), {"cache_position": torch.arange(1)}),
+                 ((torch.randn(4),), {"cache_position": torch.tensor([5])})], dry_run=True)
+    specs = lm.graph_specs
+    assert [s.name for s in specs] == ["0-prefill", "1-decode"]
+    assert GraphSpec.from_dict(specs[1].to_dict()).key() == specs[1].key()
+    assert "(decode phase)" in str(specs[1])
+
+    with_cache = tt.Module(_LM())
+
+    def generate(x):
+        with_cache(x, past_key_values=_Cache(0))
+        return with_cache(x, past_key_values=_Cache(7))
+
+    tt.tune(generate, [torch.randn(4)], dry_run=True)
+    assert [s.phase for s in with_cache.graph_specs] == ["prefill", "decode"]
+
+
+def test_phase_detection_can_be_disabled():
+    tt.config.llm_phase_detection = False
+    lm = tt.Module(_LM())
+    tt.tune(lm, [((torch.randn(4),), {"cache_position": torch.arange(1)}),
+                 ((torch.randn(4),), {"cache_position": torch.tensor([5])})], dry_run=True)
+    assert [s.phase for s in lm.graph_specs] == [None]

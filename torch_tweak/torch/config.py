@@ -60,6 +60,8 @@ class TorchTweakConfig:
             ``"error"`` raises :class:`SignatureMismatchError`, ``"passthrough"`` runs the original
             module (only possible while its weights are still in memory).
         progress: live progress display during ``tt.tune``; None means "when stderr is a terminal".
+        llm_phase_detection: calls of a language model (a ``cache_position`` argument or a KV cache
+            passed as ``past_key_values``/``cache``) are split into a prefill and a decode graph.
     """
 
     cache_dir: Path = field(default_factory=_default_cache_dir)
@@ -69,6 +71,7 @@ class TorchTweakConfig:
     device_after_tuning: str | None = "meta"
     on_unknown_signature: str = "error"
     progress: bool | None = field(default_factory=lambda: _env_bool("TORCH_TWEAK_PROGRESS", None))
+    llm_phase_detection: bool = True
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in {f.name for f in fields(self)}:
@@ -87,7 +90,7 @@ def _validate(name: str, value: Any) -> Any:
         if not isinstance(value, (str, os.PathLike)):
             raise ConfigError(f"tt.config.cache_dir must be a path, got {type(value).__name__}.")
         return Path(value).expanduser()
-    if name in ("strict_mode",):
+    if name in ("strict_mode", "llm_phase_detection"):
         if not isinstance(value, bool):
             raise ConfigError(f"tt.config.{name} must be a bool, got {value!r}.")
         return value

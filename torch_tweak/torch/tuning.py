@@ -143,6 +143,7 @@ def tune_module(
         raise
     module._tt_routes = {graph.key: backend for graph, backend in zip(recorders, built)}
     module._tt_graphs = specs
+    module._tt_phases = any(spec.phase is not None for spec in specs)
     module._tt_recorder = None
     module._tt_state = ModuleState.TUNED
     report.status = "tuned"

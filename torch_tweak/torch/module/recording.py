@@ -42,8 +42,10 @@ class RecordedSample:
 class GraphRecorder:
     """Accumulates the calls of one graph (one input signature) of a module."""
 
-    def __init__(self, name: str, key: tuple[Any, ...], strict: bool, max_samples: int) -> None:
-        self.name = name
+    def __init__(self, name: str, key: tuple[Any, ...], strict: bool, max_samples: int,
+                 phase: str | None = None) -> None:
+        self.name = name if phase is None else f"{name}-{phase}"
+        self.phase = phase
         self.key = key
         self.strict = strict
         self.max_samples = max_samples
@@ -103,19 +105,50 @@ class GraphRecorder:
         out_paths = leaf_paths(self._output_structure, "outputs")
         inputs = infer_tensor_specs(tensor_names(in_paths), in_paths, self._input_dtypes, list(self._input_obs))
         outputs = infer_tensor_specs(tensor_names(out_paths), out_paths, self._output_dtypes, list(self._output_obs))
-        return GraphSpec(self.name, inputs, outputs, self._input_structure, self._output_structure, self.strict)
+        return GraphSpec(self.name, inputs, outputs, self._input_structure, self._output_structure, self.strict,
+                         self.phase)
 
 
 def _ranks(leaves: list[torch.Tensor]) -> tuple[int, ...]:
     return tuple(t.dim() for t in leaves)
 
 
+_PHASE_KWARGS = ("cache_position", "past_key_values", "cache")
+
+
+def llm_phase(kwargs: dict[str, Any]) -> str | None:
+    """``"prefill"`` or ``"decode"`` for a language-model call, None for other calls.
+
+    A call is an LLM step when it passes ``cache_position`` (prefill when it starts at 0) or a KV cache
+    object with ``get_seq_length()`` as ``past_key_values``/``cache`` (prefill when the cache is empty).
+    """
+    position = kwargs.get("cache_position")
+    if isinstance(position, torch.Tensor) and position.numel():
+        return "prefill" if int(position.reshape(-1)[0]) == 0 else "decode"
+    for name in ("past_key_values", "cache"):
+        cache = kwargs.get(name)
+        if cache is not None and hasattr(cache, "get_seq_length"):
+            return "prefill" if int(cache.get_seq_length()) == 0 else "decode"
+    return None
+
+
+def graph_key(args: tuple[Any, ...], kwargs: dict[str, Any], strict: bool, phases: bool) -> tuple[Any, ...]:
+    """The graph a call belongs to: its :func:`signature`, plus the LLM phase when ``phases`` is on."""
+    key = signature(args, kwargs, strict)
+    if phases and kwargs and any(name in kwargs for name in _PHASE_KWARGS):
+        phase = llm_phase(kwargs)
+        if phase is not None:
+            return key + (("phase", phase),)
+    return key
+
+
 class Recorder:
     """All graphs of one module, in the order they were first seen."""
 
-    def __init__(self, strict: bool, max_samples: int) -> None:
+    def __init__(self, strict: bool, max_samples: int, phases: bool = True) -> None:
         self.strict = strict
         self.max_samples = max_samples
+        self.phases = phases
         self.graphs: dict[tuple[Any, ...], GraphRecorder] = {}
 
     def record_call(
@@ -126,10 +159,11 @@ class Recorder:
         batch_size: int | None,
     ) -> Any:
         """Run ``forward`` once, recording the call; returns the real outputs."""
-        key = signature(args, kwargs, self.strict)
+        key = graph_key(args, kwargs, self.strict, self.phases)
         graph = self.graphs.get(key)
         if graph is None:
-            graph = GraphRecorder(str(len(self.graphs)), key, self.strict, self.max_samples)
+            phase = key[-1][1] if key[-1][:1] == ("phase",) else None
+            graph = GraphRecorder(str(len(self.graphs)), key, self.strict, self.max_samples, phase)
             self.graphs[key] = graph
         input_leaves, input_structure = flatten_sample(args, kwargs)
         input_shapes = observe_shapes(input_leaves)

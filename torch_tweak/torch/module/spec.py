@@ -27,6 +27,7 @@ from torch_tweak.torch.module.tree import (
     flatten_sample,
     spec_from_json,
     spec_to_json,
+    structure_signature,
     unflatten,
     unflatten_sample,
 )
@@ -180,6 +181,12 @@ class GraphSpec:
     input_structure: Spec
     output_structure: Spec
     strict: bool = True
+    phase: str | None = None
+
+    def key(self) -> tuple[Any, ...]:
+        """The dispatch key of calls that belong to this graph (see ``recording.graph_key``)."""
+        key = structure_signature(self.input_structure, [t.rank for t in self.inputs], self.strict)
+        return key + (("phase", self.phase),) if self.phase is not None else key
 
     def has_batch_axis(self) -> bool:
         """True if every input tensor has a batch axis (so the graph can be run at other batch sizes)."""
@@ -209,7 +216,7 @@ class GraphSpec:
                               dict(spec.batch_multipliers))
 
         return GraphSpec(self.name, [widen(s) for s in self.inputs], [widen(s) for s in self.outputs],
-                         self.input_structure, self.output_structure, self.strict)
+                         self.input_structure, self.output_structure, self.strict, self.phase)
 
     def example_inputs(self, batch_size: int | None = None, device: str | torch.device = "cpu") -> Sample:
         """Synthesize inputs matching this graph (no recorded data needed).
@@ -238,6 +245,7 @@ class GraphSpec:
         return {
             "name": self.name,
             "strict": self.strict,
+            "phase": self.phase,
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
             "input_structure": spec_to_json(self.input_structure),
@@ -257,6 +265,7 @@ class GraphSpec:
                 input_structure=spec_from_json(data["input_structure"]),
                 output_structure=spec_from_json(data["output_structure"]),
                 strict=bool(data.get("strict", True)),
+                phase=_phase(data.get("phase")),
             )
         except (KeyError, TypeError) as exc:
             raise UnsupportedInputError(f"Malformed graph spec: missing or invalid field ({exc}).") from exc
@@ -269,10 +278,17 @@ class GraphSpec:
             for side, specs in (("input", self.inputs), ("output", self.outputs))
             for t in specs
         ]
-        return format_table(headers, rows, title=f"Graph {self.name}")
+        phase = f" ({self.phase} phase)" if self.phase else ""
+        return format_table(headers, rows, title=f"Graph {self.name}{phase}")
 
     def __str__(self) -> str:
         return self.describe()
+
+
+def _phase(value: Any) -> str | None:
+    if value is None or value in ("prefill", "decode"):
+        return value
+    raise UnsupportedInputError(f"Unknown graph phase {value!r}; expected 'prefill', 'decode' or null.")
 
 
 def _fmt(shape: Sequence[Any]) -> str:

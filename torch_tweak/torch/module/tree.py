@@ -204,6 +204,37 @@ def _sig(obj: Any, strict: bool) -> Any:
     return ("o", cls)
 
 
+def structure_signature(structure: Spec, ranks: list[int], strict: bool) -> tuple[Any, ...]:
+    """The :func:`signature` of a call, computed from its :func:`flatten_sample` structure and tensor ranks.
+
+    Lets a graph loaded from a checkpoint be matched without rebuilding any input.
+    """
+    it = iter(ranks)
+    _, (args_spec, kwargs_spec) = structure
+    key_args = tuple(_sig_from_spec(s, it, strict) for s in args_spec[1])
+    if not kwargs_spec[1]:
+        return (key_args,)
+    return (key_args, tuple(kwargs_spec[1]), tuple(_sig_from_spec(s, it, strict) for s in kwargs_spec[2]))
+
+
+def _sig_from_spec(spec: Spec, ranks: Iterator[int], strict: bool) -> Any:
+    kind = spec[0]
+    if kind == "T":
+        rank = next(ranks)
+        return _RANK_KEYS[rank] if rank < 16 else ("T", rank)
+    if kind == "c":
+        return ("c", spec[1]) if strict else ("c", type(spec[1]))
+    if kind in ("tuple", "list"):
+        return (kind == "tuple", tuple(_sig_from_spec(s, ranks, strict) for s in spec[1]))
+    if kind == "dict":
+        return ("dict", tuple((k, _sig_from_spec(s, ranks, strict)) for k, s in zip(spec[1], spec[2])))
+    if kind in ("ntuple", "seq"):
+        return (spec[1], tuple(_sig_from_spec(s, ranks, strict) for s in spec[2]))
+    if kind in ("map", "dc"):
+        return (spec[1], tuple((k, _sig_from_spec(s, ranks, strict)) for k, s in zip(spec[2], spec[3])))
+    return ("o", spec[1])
+
+
 def flatten_sample(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[torch.Tensor], Spec]:
     """Flatten a call's inputs in the order used by :class:`GraphSpec` (args, then sorted kwargs)."""
     return flatten((tuple(args), {k: kwargs[k] for k in sorted(kwargs)}))

@@ -24,10 +24,10 @@ from torch import nn
 from torch_tweak.errors import ConfigError, SignatureMismatchError, TuningError, UnsupportedInputError
 from torch_tweak.torch.config import config as _config
 from torch_tweak.torch.module import _forward
-from torch_tweak.torch.module.recording import Recorder
+from torch_tweak.torch.module.recording import Recorder, graph_key
 from torch_tweak.torch.module.session import current_session
 from torch_tweak.torch.module.spec import GraphSpec
-from torch_tweak.torch.module.tree import flatten_sample, sample_leaf_paths, signature
+from torch_tweak.torch.module.tree import flatten_sample, sample_leaf_paths
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ class Module:
         object.__setattr__(self, "_tt_routes", {})
         object.__setattr__(self, "_tt_graphs", [])
         object.__setattr__(self, "_tt_offloaded", False)
+        object.__setattr__(self, "_tt_phases", False)
         object.__setattr__(self, "_tt_tls", threading.local())
         object.__setattr__(self, "_tt_original", _forward.original_forward(module))
         _forward.install(module, _Interceptor(self))
@@ -200,7 +201,7 @@ class Module:
         try:
             if self._tt_state is ModuleState.TUNED:
                 routes = self._tt_routes
-                backend = routes.get(signature(args, kwargs, self._tt_strict()))
+                backend = routes.get(graph_key(args, kwargs, self._tt_strict(), self._tt_phases))
                 if backend is None:
                     return self._tt_unknown(args, kwargs)
                 return backend.infer(*args, **kwargs)
@@ -217,7 +218,7 @@ class Module:
     def _tt_record(self, session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._tt_session_id != session.id or self._tt_recorder is None:
             config = _config
-            self._tt_recorder = Recorder(config.strict_mode, config.max_num_samples_stored)
+            self._tt_recorder = Recorder(config.strict_mode, config.max_num_samples_stored, config.llm_phase_detection)
             self._tt_session_id = session.id
             self._tt_state = ModuleState.RECORDING
         session.note(self)
