@@ -3,11 +3,18 @@
 ``WrongOutputBackend`` adds an offset to every floating output, ``NaNBackend`` fills outputs with
 NaN, ``FailingBuildBackend`` raises during build and ``WrongShapeBackend`` drops the last element
 of the first axis. All run the module eagerly otherwise.
+
+For the measuring strategies: :class:`FakeClock` is a manual clock to inject into ``ProfilingConfig``;
+``TimedBackend`` advances it by a configured cost per call (optionally growing with the batch size,
+alternating jitter, or an out-of-memory error above a batch size); ``HangingBackend`` blocks in infer
+until released, to exercise the per-candidate time limit.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +22,10 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import BuildError
-from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.backend.torch_eager import TorchEagerBackend
 from torch_tweak.torch.module.spec import GraphSpec
-from torch_tweak.torch.module.tree import Sample, map_tensors
+from torch_tweak.torch.module.tree import Sample, flatten_sample, map_tensors
 
 
 class WrongOutputBackend(TorchEagerBackend):
@@ -54,3 +61,102 @@ class FailingBuildBackend(TorchEagerBackend):
     def _build(self, module: nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> Backend:
         sys.stdout.write("compiler output that should land in build.log\n")
         raise BuildError("deliberate build failure")
+
+
+class FakeClock:
+    """A manual clock: calling it returns the current time in seconds; :meth:`advance` moves it forward.
+
+    Deep copies return the same clock, so backends deep-copied by a strategy still share it.
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = float(start)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward by ``seconds``."""
+        self.now += seconds
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FakeClock:
+        return self
+
+
+@dataclass
+class TimedBackendConfig(BackendConfig):
+    """Cost model of :class:`TimedBackend`: a call at batch ``b`` takes
+    ``ms_per_call + ms_per_sample * b + ms_per_sample_squared * b**2`` milliseconds, plus ``jitter_ms``
+    alternately added and subtracted; batches larger than ``oom_above_batch`` raise an out-of-memory error.
+    ``label`` only tells otherwise identical backends apart.
+    """
+
+    ms_per_call: float = 1.0
+    ms_per_sample: float = 0.0
+    ms_per_sample_squared: float = 0.0
+    jitter_ms: float = 0.0
+    oom_above_batch: int | None = None
+    label: str = ""
+
+
+class TimedBackend(TorchEagerBackend):
+    """Eager outputs, but every call advances a :class:`FakeClock` by the configured cost."""
+
+    def __init__(self, clock: FakeClock, config: TimedBackendConfig | None = None, **fields: Any) -> None:
+        super().__init__()
+        self.clock = clock
+        self.timing = config or TimedBackendConfig(**fields)
+        self.calls = 0
+
+    @property
+    def executed_precision(self) -> str:
+        """Always ``fp32``."""
+        return "fp32"
+
+    def key(self) -> str:
+        """Class name and the hash of the timing config."""
+        return f"{self.__class__.__name__}_{self.timing.key()}"
+
+    def describe(self) -> str:
+        """``TimedBackend(<changed timing fields>)``."""
+        return f"{self.__class__.__name__}({self.timing.describe()})"
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, _ = flatten_sample(args, kwargs)
+        batch = int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 1
+        t = self.timing
+        if t.oom_above_batch is not None and batch > t.oom_above_batch:
+            raise torch.OutOfMemoryError(f"deliberate out of memory at batch {batch}")
+        cost = t.ms_per_call + t.ms_per_sample * batch + t.ms_per_sample_squared * batch * batch
+        cost += t.jitter_ms if self.calls % 2 else -t.jitter_ms
+        self.calls += 1
+        self.clock.advance(cost / 1000.0)
+        with torch.no_grad():
+            return self._forward(*args, **kwargs)
+
+
+class _Shared:
+    """Holds an object that deep copies must share (a threading.Event cannot be copied)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Shared:
+        return self
+
+
+class HangingBackend(TorchEagerBackend):
+    """Eager, but every call blocks until :meth:`release` (or ``max_wait_s``) — a candidate that hangs."""
+
+    def __init__(self, max_wait_s: float = 30.0) -> None:
+        super().__init__()
+        self.max_wait_s = max_wait_s
+        self._event = _Shared(threading.Event())
+
+    def release(self) -> None:
+        """Let blocked and future calls finish (call it when the test ends)."""
+        self._event.value.set()
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        self._event.value.wait(self.max_wait_s)
+        return super()._infer(*args, **kwargs)
