@@ -165,9 +165,28 @@ def _build_dataclass(cls: type, values: dict[str, Any]) -> Any:
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """Return ``obj`` with ``fn`` applied to every tensor leaf, keeping the structure."""
-    leaves, spec = flatten(obj)
-    return unflatten(spec, [fn(t) for t in leaves])
+    """Return ``obj`` with ``fn`` applied to every tensor leaf, keeping the structure.
+
+    Objects that are not containers (e.g. a KV cache object) are kept as they are, by reference.
+    """
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    cls = type(obj)
+    if cls is tuple or cls is list:
+        return cls(map_tensors(item, fn) for item in obj)
+    if cls is dict:
+        return {k: map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, _CONST_TYPES) or cls in _IGNORED_TYPES:
+        return obj
+    if _is_namedtuple(obj):
+        return cls(*(map_tensors(item, fn) for item in obj))
+    if isinstance(obj, Mapping):
+        return _build_mapping(cls, {k: map_tensors(obj[k], fn) for k in obj.keys()})
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _build_dataclass(cls, {f.name: map_tensors(getattr(obj, f.name), fn) for f in dataclasses.fields(obj)})
+    if isinstance(obj, (list, tuple)):
+        return cls(map_tensors(item, fn) for item in obj)
+    return obj
 
 
 def signature(args: tuple[Any, ...], kwargs: dict[str, Any], strict: bool) -> tuple[Any, ...]:

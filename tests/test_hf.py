@@ -1,0 +1,99 @@
+"""Hugging Face models built offline from configs: encoder, causal LM generate, diffusion pipeline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import torch_tweak.torch as tt
+from torch_tweak.torch.backend import TorchEagerBackend
+
+transformers = pytest.importorskip("transformers")
+
+
+def eager() -> tt.OneBackendStrategy:
+    return tt.OneBackendStrategy(TorchEagerBackend())
+
+
+def test_bert_encoder_through_inspect_wrap_tune_keeps_model_output_type():
+    from hf_models import bert_dataset, tiny_bert
+
+    model = tiny_bert()
+    data = bert_dataset()
+    batch = {"input_ids": torch.randint(1, 100, (3, 8)), "attention_mask": torch.ones(3, 8, dtype=torch.long)}
+    with torch.no_grad():
+        expected = model(**batch)
+    report = tt.inspect(model, data, number_of_iterations=2, warmup_iterations=1)
+    (root,) = report.get_modules()
+    assert root.name == "" and root.calls == 2
+    wrapped = tt.wrap(model, [root], strategy=eager())
+    tt.tune(wrapped, data, batch_sizes=[1, 2])
+    (spec,) = wrapped.graph_specs
+    ids = next(t for t in spec.inputs if t.name == "kwargs_input_ids")
+    assert ids.shape == ("batch0", "dim1")
+    with torch.no_grad():
+        actual = wrapped(**batch)
+    assert type(actual) is type(expected)
+    torch.testing.assert_close(actual.last_hidden_state, expected.last_hidden_state)
+
+
+def test_bert_encoder_with_openvino_keeps_output_type():
+    pytest.importorskip("openvino")
+    from hf_models import bert_dataset, tiny_bert
+
+    from torch_tweak.torch.backend import OpenVINOBackend, OpenVINOBackendConfig
+
+    model = tiny_bert()
+    batch = {"input_ids": torch.randint(1, 100, (2, 10)), "attention_mask": torch.ones(2, 10, dtype=torch.long)}
+    with torch.no_grad():
+        expected = model(**batch)
+    strategy = tt.OneBackendStrategy(OpenVINOBackend(OpenVINOBackendConfig(inference_precision="f32")))
+    wrapped = tt.Module(model, name="bert", strategy=strategy)
+    report = tt.tune(wrapped, bert_dataset(), batch_sizes=[1, 2], ignore_failing_modules=False)
+    assert report.modules[0].graphs[0].candidates[0].status == "chosen"
+    with torch.no_grad():
+        actual = wrapped(**batch)
+    assert type(actual) is type(expected)
+    torch.testing.assert_close(actual.pooler_output, expected.pooler_output, atol=1e-4, rtol=1e-4)
+
+
+def test_llm_generate_prefill_and_decode_graphs_give_same_tokens():
+    from hf_models import tiny_llama
+
+    model = tiny_llama()
+    prompt = torch.randint(0, 100, (1, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = model.generate(prompt, max_new_tokens=6, do_sample=False)
+    prefill, decode = eager(), tt.OneBackendStrategy(TorchEagerBackend())
+    wrapped = tt.Module(model, name="llm", strategies=[prefill, decode])
+
+    def generate(input_ids):
+        return wrapped.generate(input_ids, max_new_tokens=4, do_sample=False)
+
+    report = tt.tune(generate, [torch.randint(0, 100, (5,)) for _ in range(2)], batch_sizes=[1, 2])
+    assert [g.name for g in report.modules[0].graphs] == ["0-prefill", "1-decode"]
+    assert [spec.phase for spec in wrapped.graph_specs] == ["prefill", "decode"]
+    with torch.no_grad():
+        actual = wrapped.generate(prompt, max_new_tokens=6, do_sample=False)
+    assert torch.equal(actual, expected)
+
+
+@pytest.mark.slow
+def test_stable_diffusion_pipeline_inspect_wrap_tune():
+    pytest.importorskip("diffusers")
+    from hf_models import run_sd, tiny_stable_diffusion
+
+    pipe = tiny_stable_diffusion()
+    expected = run_sd(pipe, "a cat")
+    report = tt.inspect(pipe, ["a cat", "a dog"], inference_function=lambda p: run_sd(pipe, p),
+                        number_of_iterations=2, warmup_iterations=1)
+    names = [m.name for m in report.get_modules()]
+    assert "unet" in names and "text_encoder" in names
+    tt.wrap(pipe, report.get_modules(), strategy=eager())
+    assert isinstance(pipe.unet, tt.Module) and isinstance(pipe.text_encoder, tt.Module)
+    tuned = tt.tune(lambda p: run_sd(pipe, p), ["a cat", "a dog"], batch_sizes=[1, 2])
+    assert all(m.status == "tuned" for m in tuned.modules)
+    unet_input = pipe.unet.graph_specs[0].inputs[0]
+    assert unet_input.shape[0] == "batch0" and unet_input.batch_multipliers == {0: 2}  # classifier-free guidance
+    np.testing.assert_allclose(run_sd(pipe, "a cat"), expected, atol=1e-5)
