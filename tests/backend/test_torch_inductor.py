@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+import torch_tweak.torch as tt
 from torch_tweak.errors import BackendStateError, BuildError, ConfigError
 from torch_tweak.torch.backend.backend import BackendState
 from torch_tweak.torch.backend.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig
@@ -217,3 +218,18 @@ def test_config_key_describe_and_dict_round_trip():
     assert TorchInductorBackendConfig.from_dict(config.to_dict()) == config
     assert config.key() != TorchInductorBackendConfig().key()
     assert TorchInductorBackend(config).describe() == "TorchInductorBackend(dynamic=True,options={'freezing': True})"
+
+
+def test_tune_with_one_backend_strategy():
+    torch.manual_seed(0)
+    reference = MLP().eval()
+    inner = MLP().eval()
+    inner.load_state_dict(reference.state_dict())
+    model = tt.Module(inner, name="mlp", strategy=tt.OneBackendStrategy(TorchInductorBackend()))
+    width = reference.net[0].in_features
+    report = tt.tune(model, [torch.randn(width) for _ in range(4)], batch_sizes=[1, 4], ignore_failing_modules=False)
+    assert report.module("mlp").status == "tuned"
+    assert report.module("mlp").graphs[0].chosen.startswith("TorchInductorBackend")
+    x = torch.randn(3, width)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x), atol=1e-4, rtol=1e-4)

@@ -15,6 +15,7 @@ import torch
 import torch._inductor
 from torch import nn
 
+import torch_tweak.torch as tt
 from torch_tweak.errors import BackendStateError, ConfigError, ConversionError, UnsupportedDeviceError
 from torch_tweak.torch.backend.backend import BackendState
 from torch_tweak.torch.backend.torch_inductor_aot import TorchInductorAOTBackend, TorchInductorAOTBackendConfig
@@ -202,3 +203,18 @@ def test_config_validation_and_round_trip():
     config = TorchInductorAOTBackendConfig(options={"max_autotune": False})
     assert TorchInductorAOTBackendConfig.from_dict(config.to_dict()) == config
     assert TorchInductorAOTBackend(config).describe() == "TorchInductorAOTBackend(options={'max_autotune': False})"
+
+
+def test_tune_with_one_backend_strategy():
+    torch.manual_seed(0)
+    reference = MLP().eval()
+    inner = MLP().eval()
+    inner.load_state_dict(reference.state_dict())
+    model = tt.Module(inner, name="mlp", strategy=tt.OneBackendStrategy(TorchInductorAOTBackend()))
+    width = reference.fc1.in_features
+    report = tt.tune(model, [torch.randn(width) for _ in range(4)], batch_sizes=[1, 4], ignore_failing_modules=False)
+    assert report.module("mlp").status == "tuned"
+    assert report.module("mlp").graphs[0].chosen.startswith("TorchInductorAOTBackend")
+    x = torch.randn(3, width)
+    with torch.no_grad():
+        assert_close(model(x), reference(x))

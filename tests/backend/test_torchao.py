@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+import torch_tweak.torch as tt
 from torch_tweak.errors import BackendStateError, BuildError, ConfigError
 from torch_tweak.torch.backend.backend import BackendState
 from torch_tweak.torch.backend.torchao import PRESETS, TorchAOBackend, TorchAOBackendConfig
@@ -235,3 +236,18 @@ def test_importing_the_backend_does_not_import_torchao():
     code = "import sys, torch_tweak.torch.backend.torchao as m; m.TorchAOBackendConfig(); print('torchao' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_tune_with_one_backend_strategy():
+    torch.manual_seed(0)
+    reference = MLP().eval()
+    inner = MLP().eval()
+    inner.load_state_dict(reference.state_dict())
+    model = tt.Module(inner, name="mlp", strategy=tt.OneBackendStrategy(TorchAOBackend()))
+    width = reference.net[0].in_features
+    report = tt.tune(model, [torch.randn(width) for _ in range(4)], batch_sizes=[1, 4], ignore_failing_modules=False)
+    assert report.module("mlp").status == "tuned"
+    assert report.module("mlp").graphs[0].chosen.startswith("TorchAOBackend")
+    x = torch.randn(3, width)
+    with torch.no_grad():
+        assert_similar(model(x), reference(x))
