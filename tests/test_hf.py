@@ -97,3 +97,24 @@ def test_stable_diffusion_pipeline_inspect_wrap_tune():
     unet_input = pipe.unet.graph_specs[0].inputs[0]
     assert unet_input.shape[0] == "batch0" and unet_input.batch_multipliers == {0: 2}  # classifier-free guidance
     np.testing.assert_allclose(run_sd(pipe, "a cat"), expected, atol=1e-5)
+
+
+def test_static_cache_is_traversed_as_tensors():
+    from hf_models import tiny_llama
+
+    model = tiny_llama()
+    prompt = torch.randint(0, 100, (1, 5), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = model.generate(prompt, max_new_tokens=3, do_sample=False, cache_implementation="static")
+    wrapped = tt.Module(model, name="static_llm", strategy=eager())
+
+    def generate(input_ids):
+        return wrapped.generate(input_ids, max_new_tokens=3, do_sample=False, cache_implementation="static")
+
+    tt.tune(generate, [torch.randint(0, 100, (5,))], batch_sizes=[1])
+    decode = next(spec for spec in wrapped.graph_specs if spec.phase == "decode")
+    cache_tensors = [t for t in decode.inputs if t.locator.startswith("kwargs['cache'].layers")]
+    assert cache_tensors and all(t.rank == 4 for t in cache_tensors)
+    with torch.no_grad():
+        actual = wrapped.generate(prompt, max_new_tokens=3, do_sample=False, cache_implementation="static")
+    assert torch.equal(actual, expected)

@@ -33,6 +33,7 @@ _CONST_TYPES = (type(None), bool, int, float, str, bytes, complex, torch.dtype, 
 _RANK_KEYS = tuple(("T", rank) for rank in range(16))
 _USER_TYPES: dict[str, type] = {}
 _IGNORED_TYPES: set[type] = set()
+_CONTAINERS: dict[type, Callable[[Any], dict[str, Any]]] = {}
 
 
 def register_type(cls: type) -> type:
@@ -43,6 +44,25 @@ def register_type(cls: type) -> type:
     """
     _USER_TYPES[qualified_name(cls)] = cls
     return cls
+
+
+def register_container(cls: type, fields: Callable[[Any], dict[str, Any]]) -> None:
+    """Traverse objects of ``cls`` (and subclasses) through ``fields(obj)`` → ``{name: value}``.
+
+    Their tensors then count for graph identity, shapes and fidelity (e.g. a static KV cache). Such
+    objects are passed to backends as they are; they cannot be rebuilt from tensors alone.
+    """
+    _CONTAINERS[cls] = fields
+    register_type(cls)
+
+
+def _container_fields(obj: Any) -> Callable[[Any], dict[str, Any]] | None:
+    if not _CONTAINERS:
+        return None
+    for klass in type(obj).__mro__:
+        if klass in _CONTAINERS:
+            return _CONTAINERS[klass]
+    return None
 
 
 def ignore_type(cls: type) -> None:
@@ -111,6 +131,11 @@ def _flatten(obj: Any, leaves: list[torch.Tensor]) -> Spec:
         return ("dc", cls, names, tuple(_flatten(getattr(obj, n), leaves) for n in names))
     if isinstance(obj, (list, tuple)):
         return ("seq", cls, tuple(_flatten(item, leaves) for item in obj))
+    fields = _container_fields(obj)
+    if fields is not None:
+        values = fields(obj)
+        names = tuple(values)
+        return ("u", cls, names, tuple(_flatten(values[n], leaves) for n in names))
     return ("o", cls)
 
 
@@ -220,6 +245,9 @@ def _sig(obj: Any, strict: bool) -> Any:
         return (cls, tuple((k, _sig(v, strict)) for k, v in obj.items()))
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return (cls, tuple((f.name, _sig(getattr(obj, f.name), strict)) for f in dataclasses.fields(obj)))
+    fields = _container_fields(obj)
+    if fields is not None:
+        return (cls, tuple((name, _sig(value, strict)) for name, value in fields(obj).items()))
     return ("o", cls)
 
 
@@ -249,7 +277,7 @@ def _sig_from_spec(spec: Spec, ranks: Iterator[int], strict: bool) -> Any:
         return ("dict", tuple((k, _sig_from_spec(s, ranks, strict)) for k, s in zip(spec[1], spec[2])))
     if kind in ("ntuple", "seq"):
         return (spec[1], tuple(_sig_from_spec(s, ranks, strict) for s in spec[2]))
-    if kind in ("map", "dc"):
+    if kind in ("map", "dc", "u"):
         return (spec[1], tuple((k, _sig_from_spec(s, ranks, strict)) for k, s in zip(spec[2], spec[3])))
     return ("o", spec[1])
 
@@ -299,7 +327,7 @@ def _paths(spec: Spec, prefix: str, out: list[str]) -> None:
     elif kind == "map":
         for key, child in zip(spec[2], spec[3]):
             _paths(child, f"{prefix}[{key!r}]", out)
-    elif kind == "dc":
+    elif kind in ("dc", "u"):
         for name, child in zip(spec[2], spec[3]):
             _paths(child, f"{prefix}.{name}", out)
 
@@ -337,7 +365,7 @@ def spec_to_json(spec: Spec) -> Any:
         return [kind, list(spec[1]), [spec_to_json(s) for s in spec[2]]]
     if kind in ("ntuple", "seq"):
         return [kind, qualified_name(spec[1]), [spec_to_json(s) for s in spec[2]]]
-    if kind in ("map", "dc"):
+    if kind in ("map", "dc", "u"):
         return [kind, qualified_name(spec[1]), list(spec[2]), [spec_to_json(s) for s in spec[3]]]
     if kind == "o":
         return ["o", qualified_name(spec[1])]
@@ -360,7 +388,7 @@ def spec_from_json(data: Any) -> Spec:
             return (kind, tuple(_key(k) for k in data[1]), tuple(spec_from_json(s) for s in data[2]))
         if kind in ("ntuple", "seq") and len(data) == 3:
             return (kind, resolve_type(data[1]), tuple(spec_from_json(s) for s in data[2]))
-        if kind in ("map", "dc") and len(data) == 4 and len(data[2]) == len(data[3]):
+        if kind in ("map", "dc", "u") and len(data) == 4 and len(data[2]) == len(data[3]):
             return (kind, resolve_type(data[1]), tuple(_key(k) for k in data[2]), tuple(spec_from_json(s) for s in data[3]))
         if kind == "o" and len(data) == 2 and isinstance(data[1], str):
             return ("o", resolve_type(data[1]))

@@ -23,6 +23,7 @@ from torch import nn
 
 from torch_tweak.errors import ConfigError, SignatureMismatchError, TuningError, UnsupportedInputError
 from torch_tweak.torch.config import config as _config
+from torch_tweak.torch.integrations import activate_integrations
 from torch_tweak.torch.module import _forward
 from torch_tweak.torch.module.recording import Recorder, graph_key
 from torch_tweak.torch.module.session import current_session
@@ -77,6 +78,7 @@ class Module:
         if strategy is not None and strategies is not None:
             raise ConfigError("Only one of strategy or strategies should be provided")
         _check_strategies(strategy, strategies)
+        activate_integrations()
         object.__setattr__(self, "_tt_module", module)
         object.__setattr__(self, "_tt_name", _register(self, module, name))
         object.__setattr__(self, "_tt_strategy", strategy)
@@ -292,3 +294,22 @@ def registered_modules() -> dict[str, Module]:
 def unwrap(module: Any) -> Any:
     """The wrapped module of a ``tt.Module``, or ``module`` itself."""
     return object.__getattribute__(module, "_tt_module") if type(module) is Module else module
+
+
+def proxy_of(module: Any) -> Module | None:
+    """The ``tt.Module`` wrapping ``module`` (``module`` itself if it is one), or None if it is not wrapped."""
+    if type(module) is Module:
+        return module
+    forward = module.__dict__.get("forward") if isinstance(module, nn.Module) else None
+    return forward.proxy if isinstance(forward, _Interceptor) else None
+
+
+def release(proxy: Module) -> None:
+    """Undo the wrapping of ``proxy``: its module gets its own forward back and the name is freed.
+
+    Used to roll back a ``tt.load`` that created the proxy and then failed; the proxy must not be used again.
+    """
+    _forward.uninstall(object.__getattribute__(proxy, "_tt_module"))
+    name = object.__getattribute__(proxy, "_tt_name")
+    if _REGISTRY.get(name) is proxy:
+        del _REGISTRY[name]
