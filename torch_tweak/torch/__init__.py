@@ -19,14 +19,24 @@ from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
 from torch_tweak.torch.module.tree import register_type
 from torch_tweak.torch.module.wrapper import Module, ModuleState
 from torch_tweak.torch.report import TuningReport
-from torch_tweak.torch.tune_strategy import FirstWinsStrategy, OneBackendStrategy, TuneStrategy
+from torch_tweak.torch.tune_strategy import (
+    FirstWinsStrategy,
+    HighestThroughputStrategy,
+    LatencyBudgetStrategy,
+    LowestLatencyStrategy,
+    OneBackendStrategy,
+    TuneStrategy,
+)
 from torch_tweak.torch.tuning import tune
 
 __all__ = [
     "FidelityConfig",
     "FirstWinsStrategy",
     "GraphSpec",
+    "HighestThroughputStrategy",
     "InspectionReport",
+    "LatencyBudgetStrategy",
+    "LowestLatencyStrategy",
     "Module",
     "ModuleInfo",
     "ModuleState",

@@ -169,9 +169,9 @@ def _strategies_for(module: Module, specs: list[Any], strategy: TuneStrategy | N
         return [listed[s.name] for s in specs]
     if module._tt_strategy is not None:
         return [module._tt_strategy] * len(specs)
-    from torch_tweak.torch.tune_strategy import FirstWinsStrategy
+    from torch_tweak.torch.tune_strategy import HighestThroughputStrategy
 
-    return [FirstWinsStrategy()] * len(specs)
+    return [HighestThroughputStrategy()] * len(specs)
 
 
 def _offload(module: Module, backends: list[Any]) -> None:

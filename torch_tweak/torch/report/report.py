@@ -53,7 +53,11 @@ class CandidateReport:
 
 @dataclass
 class GraphReport:
-    """The candidates of one graph and the choice made."""
+    """The candidates of one graph and the choice made.
+
+    ``batch_search`` holds the max-batch-size search on eager (when the strategy ran it): the batch sizes
+    tried with their measurements, the size found and whether the graph's max shapes were extended.
+    """
 
     name: str
     strategy: str = ""
@@ -61,6 +65,7 @@ class GraphReport:
     candidates: list[CandidateReport] = field(default_factory=list)
     chosen: str | None = None
     reason: str | None = None
+    batch_search: dict[str, Any] | None = None
 
 
 @dataclass

@@ -1,0 +1,288 @@
+"""MeasuringStrategy: build, check and profile every candidate plus the eager baseline, then choose.
+
+Each candidate runs in its own block (build, fidelity check, pause, warm-up, measurement) so the
+thread pools of different runtimes never alternate calls. A candidate gets a time limit covering all
+of that; one that exceeds it is abandoned and reported as ``timeout``. Subclasses say which batch
+sizes to measure and how to score a sweep (:mod:`torch_tweak.torch.tune_strategy.measuring`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import math
+import threading
+import time
+from abc import abstractmethod
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from torch_tweak.errors import ConfigError, TuningError
+from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.torch.backend.torch_eager import TorchEagerBackend
+from torch_tweak.torch.fidelity import FidelityConfig
+from torch_tweak.torch.module.spec import resize_batch
+from torch_tweak.torch.profiling import (
+    Measurement,
+    ProfilingCancelledError,
+    ProfilingConfig,
+    SweepResult,
+    device_sync,
+    sweep,
+)
+from torch_tweak.torch.profiling.limit import run_with_time_limit
+from torch_tweak.torch.report.report import CHOSEN, INFER_FAILED, TIMEOUT, CandidateReport, GraphReport
+from torch_tweak.torch.tune_strategy.base import (
+    CandidateFailedError,
+    GraphTask,
+    TuneStrategy,
+    _release,
+    backends_from,
+    describe_task,
+    format_failures,
+)
+from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, StrategyResult, selection_dict, summarize
+
+logger = logging.getLogger(__name__)
+
+BASELINE = "baseline"
+
+
+def _check_number(owner: str, name: str, value: Any, *, allow_zero: bool) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{owner}: {name} must be a finite number {'>=' if allow_zero else '>'} 0, got {value!r}.")
+    return float(value)
+
+
+class MeasuringStrategy(TuneStrategy):
+    """Base of the strategies that measure: candidates, eager baseline, eager gate, time limit, batch search.
+
+    Args:
+        backends: candidate templates (None: every backend available, see ``default_candidates``).
+        profiling: stop rules and caps of each measurement (:class:`ProfilingConfig`).
+        eager_margin: a candidate is chosen only if it beats eager by this fraction (0.05 = 5 %).
+        candidate_time_limit_s: seconds one candidate may take (build, check, measurement); None disables it.
+        find_max_batch_size: before measuring, search on eager for the batch size with the highest
+            throughput and extend the graph's max shapes to it (graphs with a batch axis only).
+        max_batch_size_limit: largest batch size that search tries.
+        baseline: the eager reference (default ``TorchEagerBackend()``), always built and measured.
+        fidelity: tolerances of the fidelity check.
+    """
+
+    metric_name = "throughput"
+
+    def __init__(
+        self,
+        backends: Iterable[Backend] | None = None,
+        *,
+        profiling: ProfilingConfig | None = None,
+        eager_margin: float = 0.05,
+        candidate_time_limit_s: float | None = 600.0,
+        find_max_batch_size: bool = False,
+        max_batch_size_limit: int = 256,
+        baseline: Backend | None = None,
+        fidelity: FidelityConfig | None = None,
+    ) -> None:
+        super().__init__(fidelity)
+        owner = type(self).__name__
+        self._backends = backends_from(backends, owner)
+        if profiling is not None and not isinstance(profiling, ProfilingConfig):
+            raise ConfigError(f"{owner}: profiling must be a ProfilingConfig, got {type(profiling).__name__}.")
+        self.profiling = profiling or ProfilingConfig()
+        self.eager_margin = _check_number(owner, "eager_margin", eager_margin, allow_zero=True)
+        if candidate_time_limit_s is not None:
+            candidate_time_limit_s = _check_number(owner, "candidate_time_limit_s", candidate_time_limit_s,
+                                                   allow_zero=False)
+        self.candidate_time_limit_s = candidate_time_limit_s
+        if not isinstance(find_max_batch_size, bool):
+            raise ConfigError(f"{owner}: find_max_batch_size must be a bool, got {find_max_batch_size!r}.")
+        self.find_max_batch_size = find_max_batch_size
+        if isinstance(max_batch_size_limit, bool) or not isinstance(max_batch_size_limit, int) or max_batch_size_limit < 1:
+            raise ConfigError(f"{owner}: max_batch_size_limit must be an integer >= 1, got {max_batch_size_limit!r}.")
+        self.max_batch_size_limit = max_batch_size_limit
+        self.baseline = backends_from([baseline], owner)[0] if baseline is not None else TorchEagerBackend()
+        self.results: list[StrategyResult] = []
+
+    def enable_find_max_batch_size(self, enable: bool = True) -> MeasuringStrategy:
+        """Turn the max-batch-size search on eager on or off (off by default). Returns ``self``."""
+        self.find_max_batch_size = bool(enable)
+        return self
+
+    def candidates(self) -> list[Backend]:
+        """The candidate templates (the defaults when none were given)."""
+        if self._backends:
+            return list(self._backends)
+        from torch_tweak.torch.tune_strategy.measuring import default_candidates
+
+        return default_candidates()
+
+    # subclass hooks ---------------------------------------------------------------------------
+
+    def _batch_sizes(self, low: int, high: int) -> list[int]:
+        """Batch sizes to measure for a graph whose batch range is ``[low, high]``."""
+        from torch_tweak.torch.profiling import power_of_two_batch_sizes
+
+        return power_of_two_batch_sizes(low, high)
+
+    def _keep_going(self, measurement: Measurement) -> bool:
+        """False ends a candidate's sweep early (e.g. once a latency budget is exceeded)."""
+        return True
+
+    @abstractmethod
+    def _pick(self, result: SweepResult) -> Measurement | None:
+        """The measurement this strategy judges a candidate by (None: the candidate does not qualify)."""
+
+    @abstractmethod
+    def _score(self, measurement: Measurement) -> float:
+        """Higher is better."""
+
+    @abstractmethod
+    def _speedup(self, candidate: Measurement, eager: Measurement) -> float:
+        """How many times better ``candidate`` is than ``eager`` on this strategy's metric."""
+
+    @abstractmethod
+    def _describe_pick(self, measurement: Measurement) -> str:
+        """``"1234.5 samples/s at batch 8"`` for messages."""
+
+    def _nothing_qualifies(self, task: GraphTask, evaluations: list[Evaluation]) -> TuningError:
+        """The error raised when neither a candidate nor eager can be chosen."""
+        return TuningError(
+            f"No candidate for {describe_task(task)} could be built, checked and measured: "
+            f"{format_failures([e.row for e in evaluations])}"
+        )
+
+    # the tuning flow --------------------------------------------------------------------------
+
+    def _templates(self) -> list[tuple[Backend, str]]:
+        baseline_key = self.baseline.key()
+        others = [(t, "candidate") for t in self.candidates() if t.key() != baseline_key]
+        return [(self.baseline, BASELINE), *others]
+
+    def _plan(self, task: GraphTask) -> Plan:
+        spec = task.graph_spec
+        sample = copy.deepcopy(task.samples[0].sample)
+        if spec.has_batch_axis():
+            low, high = spec.batch_range() or (1, 1)
+            return Plan(self._batch_sizes(low, high), True, sample)
+        return Plan([task.samples[0].batch_size or 1], False, sample)
+
+    def _tune(self, task: GraphTask) -> Backend:
+        if self.find_max_batch_size:
+            from torch_tweak.torch.tune_strategy.batch_search import search_max_batch_size
+
+            search_max_batch_size(self, task)
+        plan = self._plan(task)
+        evaluations: list[Evaluation] = []
+        best: Evaluation | None = None
+        for template, role in self._templates():
+            evaluation = self._evaluate(template, task, role, plan)
+            evaluations.append(evaluation)
+            if evaluation.backend is None or role == BASELINE:
+                continue
+            if evaluation.pick is not None and (best is None or self._score(evaluation.pick) > self._score(best.pick)):
+                if best is not None:
+                    _release(best.backend)
+                best = evaluation
+            else:
+                _release(evaluation.backend)
+        chosen, reason = self._choose(task, evaluations, best)
+        for evaluation in evaluations:
+            if evaluation is not chosen and evaluation.backend is not None:
+                _release(evaluation.backend)
+        chosen.row.status = CHOSEN
+        task.report.chosen = chosen.row.backend
+        task.report.reason = reason
+        self.results.append(summarize(task.module_name, task.graph_spec.name, evaluations, chosen, reason))
+        logger.info("%s: chose %s (%s)", describe_task(task), chosen.row.backend, reason)
+        assert chosen.backend is not None
+        return chosen.backend
+
+    def _choose(self, task: GraphTask, evaluations: list[Evaluation], best: Evaluation | None) -> tuple[Evaluation, str]:
+        eager = evaluations[0]
+        margin = 1.0 + self.eager_margin
+        if best is None and eager.pick is None:
+            raise self._nothing_qualifies(task, evaluations)
+        if best is None:
+            assert eager.pick is not None
+            if len(evaluations) == 1:
+                return eager, f"eager was the only candidate: {self._describe_pick(eager.pick)}"
+            others = "; ".join(f"{e.row.backend}: {e.row.error or 'does not qualify'}" for e in evaluations[1:])
+            return eager, f"no other candidate qualified ({others}); eager stays with {self._describe_pick(eager.pick)}"
+        assert best.pick is not None
+        if eager.backend is None:
+            return best, (f"{self._describe_pick(best.pick)}; the eager baseline failed ({eager.row.error}), so "
+                          "the eager gate could not be applied")
+        if eager.pick is None:
+            return best, f"{self._describe_pick(best.pick)}; eager does not qualify, so the eager gate does not apply"
+        ratio = self._speedup(best.pick, eager.pick)
+        if ratio >= margin:
+            return best, (f"{self._describe_pick(best.pick)}, {ratio:.2f}x eager's {self.metric_name} "
+                          f"(the eager gate needs >= {margin:.2f}x)")
+        return eager, (f"eager gate: the best candidate {best.row.backend} reached only {ratio:.2f}x eager's "
+                       f"{self.metric_name} ({self._describe_pick(best.pick)} vs eager "
+                       f"{self._describe_pick(eager.pick)}), below the {margin:.2f}x required "
+                       f"(eager_margin={self.eager_margin}); eager stays")
+
+    def _evaluate(self, template: Backend, task: GraphTask, role: str, plan: Plan) -> Evaluation:
+        private = dataclasses.replace(task, report=GraphReport(name=task.report.name))
+        try:
+            finished, value = run_with_time_limit(
+                lambda cancel: self._build_and_measure(template, private, role, plan, cancel),
+                self.candidate_time_limit_s,
+            )
+        except CandidateFailedError as failure:
+            task.report.candidates.append(failure.report)
+            logger.info("%s: %s failed: %s", describe_task(task), failure.report.backend, failure.report.error)
+            return Evaluation(role, failure.report)
+        if not finished:
+            row = CandidateReport(backend=template.describe(), key=template.key(), role=role, status=TIMEOUT)
+            row.error = (f"TimeoutError: did not finish building, checking and measuring within "
+                         f"candidate_time_limit_s={self.candidate_time_limit_s:g} s and was abandoned; raise the "
+                         "limit if this backend is just slow to build")
+            task.report.candidates.append(row)
+            logger.warning("%s: %s exceeded its time limit of %g s and was abandoned; if its call is still running "
+                           "it may slow down the candidates measured after it", describe_task(task),
+                           row.backend, self.candidate_time_limit_s)
+            return Evaluation(role, row)
+        backend, result = value
+        row = private.report.candidates[-1]
+        task.report.candidates.append(row)
+        pick = self._pick(result)
+        row.measurements = result.to_dict()
+        row.measurements["selection"] = selection_dict(self.metric_name, pick)
+        return Evaluation(role, row, backend, result, pick)
+
+    def _build_and_measure(self, template: Backend, task: GraphTask, role: str, plan: Plan,
+                           cancel: threading.Event) -> tuple[Backend, SweepResult]:
+        backend, row = self.try_backend(template, task, role)
+        try:
+            result = self._measure_backend(backend, task, plan, cancel)
+        except ProfilingCancelledError:
+            _release(backend)
+            raise
+        if not result.measurements:
+            row.status = INFER_FAILED
+            row.error = f"could not be measured: {result.error}"
+            row.measurements = result.to_dict()
+            _release(backend)
+            raise CandidateFailedError(row)
+        return backend, result
+
+    def _measure_backend(self, backend: Backend, task: GraphTask, plan: Plan,
+                         cancel: threading.Event | None) -> SweepResult:
+        """Sweep ``backend`` over the plan's batch sizes (after the pause between candidates)."""
+        if self.profiling.pause_s > 0:
+            time.sleep(self.profiling.pause_s)
+        spec = task.graph_spec
+
+        def prepare(batch_size: int) -> Callable[[], Any]:
+            args, kwargs = resize_batch(plan.sample, spec, batch_size) if plan.batched else plan.sample
+            return lambda: backend.infer(*args, **kwargs)
+
+        with torch.no_grad():
+            return sweep(prepare, plan.batch_sizes, self.profiling, sync=device_sync(task.device), cancel=cancel,
+                         keep_going=self._keep_going, batched=plan.batched)
