@@ -31,7 +31,7 @@ def clock():
 
 def strategy(cls, clock, backends, eager_ms=1.0, eager_per_sample=0.0, **kwargs):
     """A strategy measuring with ``clock``, whose eager baseline costs ``eager_ms`` per call."""
-    profiling = kwargs.pop("profiling", None) or ProfilingConfig(clock=clock, pause_s=0)
+    profiling = kwargs.pop("profiling", None) or ProfilingConfig(clock=clock, pause_s=0, min_time_s=0)
     baseline = kwargs.pop("baseline", None) or TimedBackend(clock, ms_per_call=eager_ms, ms_per_sample=eager_per_sample)
     return cls(backends=backends, profiling=profiling, baseline=baseline, **kwargs)
 
@@ -152,7 +152,7 @@ def test_empty_candidate_list_is_refused_by_every_strategy():
 
 def test_unstable_measurements_are_capped_marked_and_still_used(clock):
     jittery = TimedBackend(clock, ms_per_call=0.5, jitter_ms=0.3)
-    profiling = ProfilingConfig(clock=clock, pause_s=0, max_calls=50)
+    profiling = ProfilingConfig(clock=clock, pause_s=0, min_time_s=0, max_calls=50)
     strat = strategy(tt.HighestThroughputStrategy, clock, [jittery], profiling=profiling)
     _, _, graph = tune(strat, batch_sizes=(1, 2))
     measured = rows(graph)[jittery.describe()].measurements
@@ -255,7 +255,7 @@ def test_tune_defaults_to_highest_throughput():
 
 
 def test_real_clock_eager_only_run_is_short():
-    profiling = ProfilingConfig(max_time_s=0.05, warmup_calls=1, pause_s=0)
+    profiling = ProfilingConfig(max_time_s=0.05, min_time_s=0.01, warmup_calls=1, pause_s=0)
     strat = tt.HighestThroughputStrategy([TorchEagerBackend()], profiling=profiling, candidate_time_limit_s=None)
     wrapped, _, graph = tune(strat, batch_sizes=(1, 2))
     (row,) = graph.candidates

@@ -26,7 +26,7 @@ from torch_tweak.torch.testing import FakeClock
 
 
 def config(clock: FakeClock, **overrides) -> ProfilingConfig:
-    return ProfilingConfig(clock=clock, pause_s=0, **overrides)
+    return ProfilingConfig(clock=clock, **{"pause_s": 0, "min_time_s": 0, **overrides})
 
 
 def ticking(clock: FakeClock, costs_ms):
@@ -37,7 +37,7 @@ def ticking(clock: FakeClock, costs_ms):
 
 @pytest.mark.parametrize("field,value", [
     ("window_size", 1), ("cv_threshold", 0), ("cv_threshold", 1.5), ("max_time_s", 0), ("max_time_s", float("inf")),
-    ("max_calls", 0), ("min_calls", 0), ("warmup_calls", -1), ("saturation_patience", 0),
+    ("max_calls", 0), ("min_calls", 0), ("min_time_s", -1), ("warmup_calls", -1), ("saturation_patience", 0),
     ("saturation_threshold", -0.1), ("pause_s", -1), ("warmup_calls", True), ("clock", "now"),
 ])
 def test_config_refuses_bad_values(field, value):
@@ -48,6 +48,8 @@ def test_config_refuses_bad_values(field, value):
 def test_config_refuses_inconsistent_caps():
     with pytest.raises(ConfigError, match="max_calls"):
         ProfilingConfig(min_calls=20, max_calls=10)
+    with pytest.raises(ConfigError, match="min_time_s"):
+        ProfilingConfig(min_time_s=2, max_time_s=1)
     with pytest.raises(ConfigError, match="window_size"):
         ProfilingConfig(window_size=20, min_calls=5, max_calls=10)
     assert "clock" not in ProfilingConfig().to_dict()
@@ -70,6 +72,12 @@ def test_steady_calls_stop_as_soon_as_the_window_is_stable():
     assert m.calls == 10 and len(m.warmup_ms) == 3
     assert m.p50_ms == pytest.approx(2.0) and m.p99_ms == pytest.approx(2.0)
     assert m.throughput == pytest.approx(4 / 0.002)
+
+
+def test_stable_calls_still_run_for_the_minimum_time():
+    clock = FakeClock()
+    m = measure(ticking(clock, [2.0]), 1, config(clock, min_time_s=0.1))
+    assert m.stable and m.calls == 50
 
 
 def test_warmup_is_excluded_from_statistics():

@@ -1,7 +1,8 @@
 """ProfilingConfig: how long and how carefully one candidate is measured.
 
 A measurement at one batch size runs a short warm-up, then timed calls until the last ``window_size``
-calls are stable (their coefficient of variation is at most ``cv_threshold``) or a cap is reached
+calls are stable (their coefficient of variation is at most ``cv_threshold``) after at least
+``min_calls`` calls and ``min_time_s`` seconds, or until a cap is reached
 (``max_calls`` calls or ``max_time_s`` seconds, whichever comes first). A measurement stopped by a cap
 is marked unstable but still used. A batch-size sweep stops when throughput saturates: after
 ``saturation_patience`` batch sizes in a row that do not improve the best throughput by more than
@@ -49,6 +50,8 @@ class ProfilingConfig:
         window_size: number of most recent calls the stability test looks at.
         cv_threshold: the window is stable when stdev / mean of its call times is at most this.
         min_calls: timed calls made before the stability test may stop the measurement.
+        min_time_s: seconds of timed calls before the stability test may stop the measurement (a few
+            milliseconds of lucky calls on a busy machine are not a measurement).
         max_calls: cap on timed calls at one batch size.
         max_time_s: cap on seconds of timed calls at one batch size (the last call may end past it).
         saturation_threshold: a larger batch size must raise the best throughput by more than this
@@ -64,6 +67,7 @@ class ProfilingConfig:
     window_size: int = 10
     cv_threshold: float = 0.05
     min_calls: int = 10
+    min_time_s: float = 0.1
     max_calls: int = 1000
     max_time_s: float = 1.0
     saturation_threshold: float = 0.05
@@ -78,6 +82,7 @@ class ProfilingConfig:
         _check_int(owner, "window_size", self.window_size, 2)
         _check_float(owner, "cv_threshold", self.cv_threshold, positive=True, upper=1.0)
         _check_int(owner, "min_calls", self.min_calls, 1)
+        _check_float(owner, "min_time_s", self.min_time_s, positive=False)
         _check_int(owner, "max_calls", self.max_calls, 1)
         _check_float(owner, "max_time_s", self.max_time_s, positive=True)
         _check_float(owner, "saturation_threshold", self.saturation_threshold, positive=False, upper=1.0)
@@ -87,6 +92,11 @@ class ProfilingConfig:
             raise ConfigError(
                 f"{owner}: max_calls ({self.max_calls}) is below min_calls ({self.min_calls}); raise max_calls or "
                 "lower min_calls."
+            )
+        if self.min_time_s > self.max_time_s:
+            raise ConfigError(
+                f"{owner}: min_time_s ({self.min_time_s}) is above max_time_s ({self.max_time_s}); lower min_time_s "
+                "or raise max_time_s."
             )
         if self.window_size > self.max_calls:
             raise ConfigError(

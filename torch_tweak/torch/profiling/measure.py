@@ -186,15 +186,16 @@ def measure(
     while True:
         times.append(timed())
         n = len(times)
+        spent = clock() - begin
         if n >= window:
             cv = coefficient_of_variation(times[-window:])
-            if n >= config.min_calls and cv <= config.cv_threshold:
+            if n >= config.min_calls and spent >= config.min_time_s and cv <= config.cv_threshold:
                 reason = STABLE
                 break
         if n >= config.max_calls:
             reason = MAX_CALLS
             break
-        if clock() - begin >= config.max_time_s:
+        if spent >= config.max_time_s:
             reason = MAX_TIME
             break
     elapsed = clock() - begin
