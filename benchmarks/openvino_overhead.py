@@ -1,0 +1,134 @@
+"""Per-call overhead of OpenVINOBackend.infer over calling the same compiled OpenVINO model directly.
+
+The direct call is the best-practice one: a prebuilt InferRequest fed a prebuilt numpy view of the input
+with ``share_inputs=True``. Both run the same ``ov.CompiledModel``. Calls are timed one by one in
+alternating *blocks* (never alternating single calls, see environment.md G19).
+
+Run: ``.venv/bin/python benchmarks/openvino_overhead.py [--calls 4000] [--precision f32]``
+Targets: <= 10 µs extra per call at batch 1, >= 0.97x throughput at batch 32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from torch_tweak.torch.backend.openvino import OpenVINOBackend, OpenVINOBackendConfig
+from torch_tweak.torch.module.recording import record
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512), nn.ReLU(), nn.Linear(512, 10)).eval()
+
+
+def _block(cin: int, cout: int) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU())
+
+
+def cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        _block(3, 32), _block(32, 32), nn.MaxPool2d(2), _block(32, 64), nn.MaxPool2d(2), _block(64, 128),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10),
+    ).eval()
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {"mlp": (mlp, (512,)), "cnn": (cnn, (3, 32, 32))}
+
+
+def time_calls(fn: Callable[[], object], n: int) -> list[float]:
+    """Per-call wall times in µs."""
+    times = []
+    for _ in range(n):
+        start = time.perf_counter_ns()
+        fn()
+        times.append((time.perf_counter_ns() - start) / 1000)
+    return times
+
+
+def measure(direct: Callable[[], object], tuned: Callable[[], object], calls: int, block: int) -> dict[str, float]:
+    """Time both callables in alternating blocks of ``block`` calls (order swapped every round).
+
+    Returns the overall medians (µs) and, robust to load changing over time (a shared machine), the median
+    over rounds of the per-round difference and ratio of the two block medians.
+    """
+    for fn in (direct, tuned):
+        time_calls(fn, 200)
+    all_d: list[float] = []
+    all_t: list[float] = []
+    diffs, ratios = [], []
+    for round_ in range(max(1, calls // block)):
+        pair = [("d", direct), ("t", tuned)]
+        medians = {}
+        for name, fn in pair if round_ % 2 == 0 else pair[::-1]:
+            times = time_calls(fn, block)
+            (all_d if name == "d" else all_t).extend(times)
+            medians[name] = statistics.median(times)
+        diffs.append(medians["t"] - medians["d"])
+        ratios.append(medians["d"] / medians["t"])
+    return {
+        "direct": statistics.median(all_d),
+        "tuned": statistics.median(all_t),
+        "extra": statistics.median(diffs),
+        "ratio": statistics.median(ratios),
+    }
+
+
+def build(name: str, cache: Path, config: OpenVINOBackendConfig) -> OpenVINOBackend:
+    factory, shape = MODELS[name]
+    model = factory()
+    calls = [(b, ((torch.randn(b, *shape),), {})) for b in (1, 2, 32)]
+    with torch.no_grad():
+        ((spec, samples),) = record(model, calls)
+    backend = OpenVINOBackend(config)
+    backend.build(model, spec, [s.sample for s in samples], torch.device("cpu"), cache / name)
+    return backend
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=4000, help="timed calls per variant and shape")
+    parser.add_argument("--block", type=int, default=50, help="calls per block; blocks of the two variants alternate")
+    parser.add_argument("--precision", default=None, help="inference_precision (default: the device default)")
+    parser.add_argument("--hint", default="LATENCY", help="performance_hint")
+    args = parser.parse_args()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    config = OpenVINOBackendConfig(performance_hint=args.hint, inference_precision=args.precision)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ov_overhead_") as tmp:
+        for name, (_, shape) in MODELS.items():
+            backend = build(name, Path(tmp), config)
+            request = backend._compiled_model.create_infer_request()
+            for batch in (1, 32):
+                x = torch.randn(batch, *shape)
+                feed = {0: x.numpy()}
+
+                def direct(feed: dict = feed) -> object:
+                    return request.infer(feed, share_inputs=True)
+
+                def tuned(x: torch.Tensor = x) -> object:
+                    return backend.infer(x)
+
+                rows.append((name, batch, backend.executed_precision, measure(direct, tuned, args.calls, args.block)))
+    with open("/proc/loadavg", encoding="utf-8") as f:
+        load = f.read().split()[0]
+    print(f"OpenVINOBackend.infer vs direct InferRequest.infer(share_inputs=True); hint={args.hint}; {args.calls} calls "
+          f"per variant in alternating blocks of {args.block}; load average {load}")
+    print("extra and throughput: median over rounds of (infer - direct) and (direct / infer) block medians")
+    print(f"{'model':<6}{'batch':>6}{'prec':>6}{'direct µs':>11}{'infer µs':>11}{'extra µs':>10}{'throughput':>12}")
+    for name, batch, precision, m in rows:
+        print(f"{name:<6}{batch:>6}{precision:>6}{m['direct']:>11.1f}{m['tuned']:>11.1f}{m['extra']:>10.1f}"
+              f"{m['ratio']:>11.3f}x")
+
+
+if __name__ == "__main__":
+    main()
