@@ -1,0 +1,37 @@
+"""Tune a sentence-embedding encoder (a tiny BERT built from a config) and compare embeddings.
+
+    python examples/sentence_embeddings.py
+"""
+
+from __future__ import annotations
+
+import torch
+
+import torch_tweak.torch as tt
+from torch_tweak.tiny_models import bert_dataset, tiny_bert
+
+
+def embed(model, batch):
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+
+
+def main() -> None:
+    model = tiny_bert()
+    sentences = bert_dataset(lengths=(6, 9, 11, 7))
+    batch = {"input_ids": torch.randint(1, 100, (2, 8)), "attention_mask": torch.ones(2, 8, dtype=torch.long)}
+    reference = embed(model, batch)
+
+    report = tt.inspect(model, sentences, number_of_iterations=3, warmup_iterations=1)
+    report.describe()
+    encoder = tt.wrap(model, report.get_modules(limit=1))
+    print(tt.tune(encoder, sentences, batch_sizes=[1, 2]))
+
+    tuned = embed(encoder, batch)
+    print("cosine similarity to eager embeddings:", torch.nn.functional.cosine_similarity(tuned, reference).tolist())
+
+
+if __name__ == "__main__":
+    main()
