@@ -168,6 +168,7 @@ def run(model_names: list[str], backend_names: list[str], seconds: float, root: 
                 rows.append([model_name, backend_name, result, "", "", "", ""])
                 continue
             build_s, latencies = result
+            latencies = base if backend_name == "eager" else latencies
             row = [model_name, backend_name, f"{build_s:.1f}"]
             for b in inputs:
                 row += [f"{b / latencies[b]:,.0f}", f"x{base[b] / latencies[b]:.2f}"]
