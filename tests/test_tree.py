@@ -14,10 +14,9 @@ from torch_tweak.torch.module.tree import (
     flatten,
     resolve_type,
     signature,
-    spec_from_json,
-    spec_to_json,
     unflatten,
 )
+from torch_tweak.torch.module.tree_json import spec_from_json, spec_to_json
 
 
 class Custom(collections.OrderedDict):

@@ -25,12 +25,11 @@ from torch_tweak.torch.module.tree import (
     dtype_from_name,
     dtype_name,
     flatten_sample,
-    spec_from_json,
-    spec_to_json,
     structure_signature,
     unflatten,
     unflatten_sample,
 )
+from torch_tweak.torch.module.tree_json import spec_from_json, spec_to_json
 from torch_tweak.utils.table import format_table
 
 Shape = tuple[int, ...]

@@ -22,6 +22,9 @@ from typing import Any
 import torch
 
 from torch_tweak.errors import UnsupportedInputError
+from torch_tweak.torch.module.dtypes import dtype_from_name, dtype_name
+
+__all__ = ["Sample", "Spec", "dtype_from_name", "dtype_name", "flatten", "signature", "unflatten"]
 
 Sample = tuple[tuple[Any, ...], dict[str, Any]]
 """One recorded call: positional arguments and keyword arguments."""
@@ -347,115 +350,3 @@ def tensor_names(paths: list[str]) -> list[str]:
         seen.add(name)
         names.append(name)
     return names
-
-
-# JSON form -------------------------------------------------------------------------------------
-
-
-def spec_to_json(spec: Spec) -> Any:
-    """Convert a spec into JSON-able lists; raises for values that cannot be stored safely."""
-    kind = spec[0]
-    if kind == "T":
-        return ["T"]
-    if kind == "c":
-        return ["c", _const_to_json(spec[1])]
-    if kind in ("tuple", "list"):
-        return [kind, [spec_to_json(s) for s in spec[1]]]
-    if kind == "dict":
-        return [kind, list(spec[1]), [spec_to_json(s) for s in spec[2]]]
-    if kind in ("ntuple", "seq"):
-        return [kind, qualified_name(spec[1]), [spec_to_json(s) for s in spec[2]]]
-    if kind in ("map", "dc", "u"):
-        return [kind, qualified_name(spec[1]), list(spec[2]), [spec_to_json(s) for s in spec[3]]]
-    if kind == "o":
-        return ["o", qualified_name(spec[1])]
-    raise UnsupportedInputError(f"Unknown spec node {kind!r}.")
-
-
-def spec_from_json(data: Any) -> Spec:
-    """Inverse of :func:`spec_to_json`; validates the shape of the data and resolves types safely."""
-    if not isinstance(data, list) or not data or not isinstance(data[0], str):
-        raise UnsupportedInputError(f"Malformed structure spec: {data!r:.200}")
-    kind = data[0]
-    try:
-        if kind == "T" and len(data) == 1:
-            return TENSOR
-        if kind == "c" and len(data) == 2:
-            return ("c", _const_from_json(data[1]))
-        if kind in ("tuple", "list") and len(data) == 2:
-            return (kind, tuple(spec_from_json(s) for s in data[1]))
-        if kind == "dict" and len(data) == 3 and len(data[1]) == len(data[2]):
-            return (kind, tuple(_key(k) for k in data[1]), tuple(spec_from_json(s) for s in data[2]))
-        if kind in ("ntuple", "seq") and len(data) == 3:
-            return (kind, resolve_type(data[1]), tuple(spec_from_json(s) for s in data[2]))
-        if kind in ("map", "dc", "u") and len(data) == 4 and len(data[2]) == len(data[3]):
-            return (kind, resolve_type(data[1]), tuple(_key(k) for k in data[2]), tuple(spec_from_json(s) for s in data[3]))
-        if kind == "o" and len(data) == 2 and isinstance(data[1], str):
-            return ("o", resolve_type(data[1]))
-    except TypeError as exc:
-        raise UnsupportedInputError(f"Malformed structure spec node {data!r:.200}") from exc
-    raise UnsupportedInputError(f"Malformed structure spec node {data!r:.200}")
-
-
-def _key(k: Any) -> Any:
-    if isinstance(k, (str, int)) and not isinstance(k, bool):
-        return k
-    raise UnsupportedInputError(f"Container keys must be strings or integers, got {k!r:.80}.")
-
-
-def _const_to_json(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return {"float": repr(value)}
-    if isinstance(value, torch.dtype):
-        return {"dtype": str(value).removeprefix("torch.")}
-    if isinstance(value, torch.device):
-        return {"device": str(value)}
-    if isinstance(value, torch.Size):
-        return {"size": list(value)}
-    raise UnsupportedInputError(
-        f"The value {value!r:.80} of type {type(value).__name__} cannot be stored in a checkpoint; "
-        "only None, bool, int, float, str, dtypes, devices and sizes can."
-    )
-
-
-def _const_from_json(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, dict) and len(value) == 1:
-        (tag, payload), = value.items()
-        if tag == "float" and isinstance(payload, str):
-            return float(payload)
-        if tag == "dtype" and isinstance(payload, str):
-            return dtype_from_name(payload)
-        if tag == "device" and isinstance(payload, str):
-            return torch.device(payload)
-        if tag == "size" and isinstance(payload, list) and all(isinstance(v, int) for v in payload):
-            return torch.Size(payload)
-    raise UnsupportedInputError(f"Malformed constant in structure spec: {value!r:.80}")
-
-
-_DTYPES = {
-    str(d).removeprefix("torch."): d
-    for d in (
-        torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
-        torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
-    )
-}
-for _name in ("float8_e4m3fn", "float8_e5m2"):
-    if hasattr(torch, _name):
-        _DTYPES[_name] = getattr(torch, _name)
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    """Map ``"float32"`` (or ``"torch.float32"``) to the dtype, from a fixed table (never ``getattr``)."""
-    key = name.removeprefix("torch.")
-    if key not in _DTYPES:
-        raise UnsupportedInputError(f"Unknown dtype {name!r}; known dtypes: {sorted(_DTYPES)}.")
-    return _DTYPES[key]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float32`` → ``"float32"``."""
-    return str(dtype).removeprefix("torch.")
