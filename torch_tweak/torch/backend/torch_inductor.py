@@ -93,7 +93,7 @@ def warm_up(
     """Run ``fn`` on synthesized inputs (first one marked dynamic if asked) and once on each recorded sample."""
     device = device or torch.device("cpu")
     examples = [graph_spec.example_inputs(bs, device=device) for bs in example_batch_sizes(graph_spec)]
-    if mark_dynamic and graph_spec.batch_range() is not None:
+    if mark_dynamic:
         mark_symbolic_axes(examples[0], graph_spec)
     with torch.no_grad(), context():
         for args, kwargs in [*examples, *(clone_sample(s) for s in data)]:
