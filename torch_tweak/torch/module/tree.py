@@ -350,3 +350,12 @@ def tensor_names(paths: list[str]) -> list[str]:
         seen.add(name)
         names.append(name)
     return names
+
+
+def __getattr__(name: str) -> Any:
+    # spec_to_json / spec_from_json moved to tree_json; keep the old import path working.
+    if name in ("spec_to_json", "spec_from_json"):
+        from torch_tweak.torch.module import tree_json
+
+        return getattr(tree_json, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
