@@ -12,6 +12,7 @@ Typical use::
 Importing this module imports torch but neither openvino nor torchao.
 """
 
+from torch_tweak.torch.checkpoint import load, save
 from torch_tweak.torch.config import config
 from torch_tweak.torch.fidelity import FidelityConfig, Tolerance
 from torch_tweak.torch.inspecting import InspectionReport, ModuleInfo, inspect, wrap
@@ -47,7 +48,9 @@ __all__ = [
     "TuningReport",
     "config",
     "inspect",
+    "load",
     "register_type",
+    "save",
     "tune",
     "wrap",
 ]

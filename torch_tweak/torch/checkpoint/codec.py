@@ -1,0 +1,183 @@
+"""Backend state in a checkpoint: the ``to_dict`` protocol, encoded as JSON, and backend classes by name.
+
+``Backend.to_dict()`` values are JSON values, ``pathlib.Path`` values (artifact files or folders that are
+copied into the checkpoint) and ``torch.Tensor`` values (stored as safetensors). In the manifest a path
+becomes ``{"$tt": "artifact", "kind": "file"|"dir", "member": <name in the archive>}`` and a tensor becomes
+``{"$tt": "tensor", "key": <key in the module's safetensors file>}``; decoding turns them back into the
+extracted path and the loaded tensor.
+
+Backend classes are found by the stored type name only among torch_tweak's built-in backends, classes
+passed to :func:`register_backend`, and ``Backend`` subclasses (at any depth) whose module the program
+has already imported. Nothing named in a checkpoint is ever imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path, PurePath
+from typing import Any
+
+import torch
+
+from torch_tweak.errors import CheckpointError
+from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.torch.module.tree import qualified_name
+
+MARKER = "$tt"
+NATIVE_CODE_BACKENDS = frozenset({"TorchInductorAOTBackend"})
+_REGISTERED: dict[str, type[Backend]] = {}
+
+
+def is_native(cls: type[Backend]) -> bool:
+    """True if the backend's artifacts are machine code compiled for the saving CPU (it cannot run elsewhere).
+
+    Built-in: AOTInductor packages. A custom backend says so with a class attribute ``native_code = True``.
+    """
+    return bool(getattr(cls, "native_code", False)) or any(c.__name__ in NATIVE_CODE_BACKENDS for c in cls.__mro__)
+
+
+
+def encode_state(value: Any, where: str, on_path: Callable[[Path, str], dict[str, Any]],
+                 on_tensor: Callable[[torch.Tensor, str], dict[str, Any]]) -> Any:
+    """JSON form of a ``to_dict`` value; ``on_path``/``on_tensor`` store artifacts and tensors and return markers."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise CheckpointError(f"{where} is {value}, which a checkpoint cannot store; use a finite number or None.")
+        return value
+    if isinstance(value, PurePath):
+        return on_path(Path(value), where)
+    if isinstance(value, torch.Tensor):
+        return on_tensor(value, where)
+    if isinstance(value, (list, tuple)):
+        return [encode_state(v, f"{where}[{i}]", on_path, on_tensor) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        result = {}
+        for key, item in value.items():
+            if not isinstance(key, str) or key == MARKER:
+                raise CheckpointError(f"{where} has the key {key!r}; checkpoint dicts need string keys other than "
+                                      f"{MARKER!r}.")
+            result[key] = encode_state(item, f"{where}[{key!r}]", on_path, on_tensor)
+        return result
+    raise CheckpointError(
+        f"{where} is a {type(value).__name__}, which a checkpoint cannot store: Backend.to_dict() must return JSON "
+        "values, pathlib.Path artifacts and torch.Tensor values only (checkpoints are never pickled)."
+    )
+
+
+def decode_state(value: Any, where: str, artifact: Callable[[dict[str, Any], str], Path],
+                 tensor: Callable[[dict[str, Any], str], torch.Tensor]) -> Any:
+    """Inverse of :func:`encode_state`; markers are resolved through ``artifact`` and ``tensor``."""
+    if isinstance(value, list):
+        return [decode_state(v, f"{where}[{i}]", artifact, tensor) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        if MARKER in value:
+            kind = value[MARKER]
+            if kind == "artifact":
+                return artifact(value, where)
+            if kind == "tensor":
+                return tensor(value, where)
+            raise CheckpointError(f"The manifest's {where} has an unknown marker {kind!r:.40}; the checkpoint is corrupt.")
+        return {k: decode_state(v, f"{where}[{k!r}]", artifact, tensor) for k, v in value.items()}
+    return value
+
+
+def register_backend(cls: type[Backend]) -> type[Backend]:
+    """Allow checkpoints to restore backends of class ``cls`` (works as a decorator).
+
+    Subclasses of ``Backend`` defined in modules the program has imported are found without registering;
+    registration makes the choice explicit, and wins over an imported class of the same name.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise TypeError(f"register_backend expects a Backend subclass, got {cls!r}.")
+    _REGISTERED[cls.__name__] = cls
+    return cls
+
+
+def _subclasses(root: type) -> list[type]:
+    found, stack = [], list(root.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        found.append(cls)
+        stack.extend(cls.__subclasses__())
+    return found
+
+
+def _builtin(name: str) -> type[Backend] | None:
+    from torch_tweak.torch import backend as backends
+
+    if name not in backends.__all__:
+        return None
+    try:
+        cls = getattr(backends, name)  # imports torch_tweak's own backend module for this fixed name, nothing else
+    except (AttributeError, ImportError):
+        return None
+    return cls if isinstance(cls, type) and issubclass(cls, Backend) and cls is not Backend else None
+
+
+def known_backends() -> list[str]:
+    """Names of the backend classes a checkpoint may name."""
+    from torch_tweak.torch import backend as backends
+
+    names = {n for n in backends.__all__ if n.endswith("Backend") and n != "Backend"}
+    names |= set(_REGISTERED) | {c.__name__ for c in _subclasses(Backend) if not getattr(c, "__abstractmethods__", None)}
+    return sorted(names)
+
+
+def resolve_backend(type_name: str, class_name: str, where: str) -> type[Backend]:
+    """The backend class for a stored ``type`` (class name) and ``class`` (``module:QualName``)."""
+    if type_name in _REGISTERED:
+        return _REGISTERED[type_name]
+    imported = [c for c in _subclasses(Backend) if c.__name__ == type_name]
+    exact = [c for c in imported if qualified_name(c) == class_name]
+    if len(exact) == 1:
+        return exact[0]
+    builtin = _builtin(type_name)
+    if builtin is not None:
+        return builtin
+    if len(imported) == 1:
+        return imported[0]
+    if len(imported) > 1:
+        raise CheckpointError(
+            f"{where}: several imported Backend classes are named {type_name!r} "
+            f"({', '.join(qualified_name(c) for c in imported)}); register the right one with "
+            "torch_tweak.torch.checkpoint.register_backend(cls) before loading."
+        )
+    module = class_name.partition(":")[0]
+    raise CheckpointError(
+        f"{where}: the checkpoint uses backend {type_name!r} ({class_name}), which is not available. torch_tweak never "
+        f"imports modules named in a checkpoint: import {module!r} (or register the class with "
+        f"torch_tweak.torch.checkpoint.register_backend) before tt.load. Known backends: {known_backends()}."
+    )
+
+
+_KIND_CHECKS: dict[str, tuple[str, Callable[[type], bool]]] = {
+    "ntuple": ("a namedtuple class", lambda c: issubclass(c, tuple) and hasattr(c, "_fields")),
+    "seq": ("a list or tuple subclass", lambda c: issubclass(c, (list, tuple))),
+    "map": ("a Mapping class", lambda c: issubclass(c, Mapping)),
+    "dc": ("a dataclass", lambda c: dataclasses.is_dataclass(c)),
+}
+
+
+def check_structure_types(structure: Any, where: str) -> None:
+    """Refuse a loaded structure whose container types do not fit their node kind.
+
+    Rebuilding outputs calls the named classes; a checkpoint must not be able to name an arbitrary imported
+    class (such as a process launcher) where a namedtuple, a sequence, a mapping or a dataclass is expected.
+    """
+    stack = [structure]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, tuple) or not node:
+            continue
+        kind = node[0]
+        if kind in _KIND_CHECKS:
+            what, fits = _KIND_CHECKS[kind]
+            cls = node[1]
+            if not isinstance(cls, type) or not fits(cls):
+                raise CheckpointError(f"{where}: the stored structure names {qualified_name(cls) if isinstance(cls, type) else cls!r} "
+                                      f"where {what} is expected; the checkpoint is corrupt or malicious.")
+        stack.extend(item for item in node[1:] if isinstance(item, tuple))

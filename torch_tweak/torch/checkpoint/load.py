@@ -1,0 +1,298 @@
+"""``tt.load``: restore tuned modules from a checkpoint into a model or pipeline, without tuning again.
+
+Loading runs in two phases. The first changes nothing: it verifies the archive, checks that every stored
+module is found at its path with the same class and tensors, resolves the backend classes, extracts the
+verified members into a private folder and recreates the backends with ``from_dict``. The second wraps
+the modules, puts stored tensors in place and deploys the backends; every change is journaled, and if
+anything fails the journal is undone so the caller's model is left as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torch_tweak.errors import CheckpointError, ConfigError
+from torch_tweak.torch._device import get_device
+from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.torch.checkpoint import weights
+from torch_tweak.torch.checkpoint.archive import VerifiedArchive, member_name_problem, open_verified
+from torch_tweak.torch.checkpoint.codec import check_structure_types, decode_state, is_native, resolve_backend
+from torch_tweak.torch.checkpoint.locate import Slot, place, put_back, resolve
+from torch_tweak.torch.checkpoint.manifest import (
+    EnvironmentDiff,
+    ModuleEntry,
+    compare_environment,
+    parse_modules,
+    path_text,
+    warn_environment,
+)
+from torch_tweak.torch.config import config
+from torch_tweak.torch.module.spec import GraphSpec
+from torch_tweak.torch.module.tree import qualified_name
+from torch_tweak.torch.module.wrapper import Module, ModuleState, proxy_of, registered_modules, release
+from torch_tweak.torch.tuning import _offload
+from torch_tweak.utils.permissions import secure_mkdir
+
+logger = logging.getLogger(__name__)
+_STATE_FIELDS = ("_tt_state", "_tt_routes", "_tt_graphs", "_tt_recorder", "_tt_offloaded")
+
+
+class _Extracted:
+    """Owns the folder a checkpoint was extracted to; the folder is deleted when no loaded module uses it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._finalizer = weakref.finalize(self, shutil.rmtree, str(path), True)
+
+    def delete(self) -> None:
+        """Delete the folder now."""
+        self._finalizer()
+
+
+@dataclass
+class _Plan:
+    """Everything needed to restore one module, prepared without changing the caller's objects."""
+
+    entry: ModuleEntry
+    slot: Slot
+    inner: nn.Module
+    proxy: Module | None
+    nested: list[str]
+    device: torch.device | None
+    env_differs: bool
+    classes: list[type[Backend]] = field(default_factory=list)
+    old_backends: list[Backend] = field(default_factory=list)
+    fallback: str | None = None
+    weights: dict[str, torch.Tensor] | None = None
+    specs: list[GraphSpec] = field(default_factory=list)
+    keys: list[tuple[Any, ...]] = field(default_factory=list)
+    backends: list[Backend] = field(default_factory=list)
+
+
+def _device_map(device_map: Any, names: list[str]) -> dict[str, torch.device]:
+    if device_map is None:
+        return {}
+    if not isinstance(device_map, dict):
+        raise CheckpointError(f"device_map must be a dict {{module name: device}}, got {type(device_map).__name__}.")
+    unknown = sorted(str(k) for k in device_map if k not in names)
+    if unknown:
+        raise CheckpointError(f"device_map names module(s) {unknown} that the checkpoint does not have; its modules "
+                              f"are {names}.")
+    result = {}
+    for name, device in device_map.items():
+        try:
+            result[name] = get_device(device)
+        except ConfigError as exc:
+            raise CheckpointError(f"device_map[{name!r}]: {exc}") from exc
+    return result
+
+
+def _nested(entry: ModuleEntry, entries: list[ModuleEntry]) -> list[str]:
+    depth = len(entry.path)
+    return [".".join(str(k) for _, k in other.path[depth:]) for other in entries
+            if other is not entry and other.path[:depth] == entry.path and len(other.path) > depth
+            and all(kind == "child" for kind, _ in other.path[depth:])]
+
+
+def _plan(obj: Any, entry: ModuleEntry, entries: list[ModuleEntry], devices: dict[str, torch.device],
+          diff: EnvironmentDiff) -> _Plan:
+    slot = resolve(obj, entry.path, entry.name)
+    where = path_text(entry.path)
+    proxy = proxy_of(slot.value)
+    inner = proxy.wrapped if proxy is not None else slot.value
+    if proxy is not None and proxy.name != entry.name:
+        raise CheckpointError(f"The module at {where} is wrapped as {proxy.name!r}, but the checkpoint stores it as "
+                              f"{entry.name!r}. Wrap it with name={entry.name!r}, or leave it unwrapped before tt.load.")
+    if proxy is None and entry.name in registered_modules():
+        raise CheckpointError(f"Another live tt.Module is already named {entry.name!r}, so the module at {where} "
+                              "cannot take that name. Load into that model instead, or delete it first.")
+    if qualified_name(type(inner)) != entry.class_name:
+        raise CheckpointError(f"The module at {where} is a {qualified_name(type(inner))}, but the checkpoint stores "
+                              f"a {entry.class_name} there ({entry.name!r}). Load into the model that was saved.")
+    nested = _nested(entry, entries)
+    weights.check_matches(inner, nested, entry.parameters, entry.name, where)
+    types = [g.backend_type for g in entry.graphs]
+    plan = _Plan(entry, slot, inner, proxy, nested, devices.get(entry.name),
+                 bool(diff.missing_flags or diff.relevant_to(types)))
+    plan.classes = [resolve_backend(g.backend_type, g.backend_class, f"Module {entry.name!r}, graph {g.name!r}")
+                    for g in entry.graphs]
+    plan.old_backends = list(proxy._tt_routes.values()) if proxy is not None else []
+    if diff.missing_flags and any(is_native(c) for c in plan.classes):
+        plan.fallback = (f"its compiled code may use {', '.join(diff.missing_flags)}, which this CPU lacks")
+    return plan
+
+
+def _prepare(plan: _Plan, archive: VerifiedArchive, root: Path) -> None:
+    """Load tensors, decode states and recreate the backends (CHECKPOINT_LOADED); nothing is deployed yet."""
+    entry = plan.entry
+    loaded: dict[str, torch.Tensor] = {}
+    if entry.weights is not None:
+        if entry.weights not in archive.names or member_name_problem(entry.weights):
+            raise CheckpointError(f"Module {entry.name!r}: tensor file {entry.weights!r} is not in the checkpoint.")
+        loaded = weights.read_safetensors(root / entry.weights, entry.weights)
+    if entry.stores_weights:
+        plan.weights = weights.module_weights(loaded, entry.aliases, [n for n, _, _ in entry.parameters], entry.name)
+        weights.check_loaded(plan.weights, entry.parameters, entry.name)
+    covered = set(plan.weights or ())
+    on_meta = weights.meta_tensors(plan.inner, plan.nested, covered)
+    if on_meta and (plan.fallback is not None or any(c.requires_original_module for c in plan.classes)):
+        raise CheckpointError(f"Module {entry.name!r} has tensors on the meta device ({on_meta[:3]}) that the "
+                              "checkpoint does not hold; build the model with its real weights before tt.load.")
+    if plan.fallback is not None:
+        return
+
+    def artifact(marker: dict[str, Any], where: str) -> Path:
+        member, kind = marker.get("member"), marker.get("kind")
+        if not isinstance(member, str) or member_name_problem(member) or kind not in ("file", "dir"):
+            raise CheckpointError(f"The manifest's {where} is a malformed artifact reference.")
+        target = root.joinpath(*member.split("/"))
+        present = target.is_file() if kind == "file" else target.is_dir()
+        if not present:
+            raise CheckpointError(f"The manifest's {where} refers to {member!r}, which is not in the checkpoint.")
+        return target
+
+    def tensor(marker: dict[str, Any], where: str) -> torch.Tensor:
+        key = marker.get("key")
+        if not isinstance(key, str) or not key.startswith(weights.BACKEND_PREFIX) or key not in loaded:
+            raise CheckpointError(f"The manifest's {where} refers to a tensor the checkpoint does not hold.")
+        return loaded[key]
+
+    for graph, cls in zip(entry.graphs, plan.classes):
+        where = f"Module {entry.name!r}, graph {graph.name!r}"
+        if "graph_spec" in graph.state and graph.state["graph_spec"] != graph.graph_spec:
+            raise CheckpointError(f"{where}: the backend's graph spec differs from the manifest's; the checkpoint is "
+                                  "corrupt.")
+        try:
+            state = decode_state(graph.state, f"{where} backend state", artifact, tensor)
+            spec = GraphSpec.from_dict(graph.graph_spec)
+            check_structure_types(spec.input_structure, where)
+            check_structure_types(spec.output_structure, where)
+            key = spec.key()
+            backend = cls.from_dict(plan.inner, state)
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            raise CheckpointError(f"{where}: cannot restore the {graph.backend_type} ({type(exc).__name__}: {exc}). "
+                                  "Types named in the graph (outputs) must be importable: import their modules "
+                                  "before tt.load.") from exc
+        if key in plan.keys:
+            raise CheckpointError(f"{where}: two graphs of this module have the same inputs; the checkpoint is corrupt.")
+        plan.specs.append(spec)
+        plan.keys.append(key)
+        plan.backends.append(backend)
+
+
+def _restore(plan: _Plan, holder: _Extracted, journal: list[Callable[[], None]]) -> Module:
+    entry = plan.entry
+    proxy = plan.proxy
+    if proxy is None:
+        try:
+            proxy = Module(plan.inner, name=entry.name)
+        except ConfigError as exc:
+            raise CheckpointError(f"Cannot wrap the module at {path_text(entry.path)}: {exc}") from exc
+        created = proxy
+        journal.append(lambda: release(created))
+        undo = place(plan.slot, proxy)
+        if undo is not None:
+            journal.append(lambda: put_back(undo))
+    else:
+        saved = {name: getattr(proxy, name) for name in _STATE_FIELDS}
+        journal.append(lambda: [setattr(proxy, k, v) for k, v in saved.items()])
+    if plan.weights is not None:
+        previous = weights.assign(plan.inner, plan.weights)
+        journal.append(lambda: weights.restore(plan.inner, previous))
+    if plan.fallback is None:
+        try:
+            for backend in plan.backends:
+                backend.deploy(plan.device)
+        except Exception as exc:
+            if not plan.env_differs:
+                raise CheckpointError(f"Module {entry.name!r}: deploying its backends failed ({type(exc).__name__}: "
+                                      f"{exc}).") from exc
+            plan.fallback = f"its backend could not be deployed here ({type(exc).__name__}: {exc})"
+    if plan.fallback is not None:
+        logger.warning("Module %s runs its original code: %s.", entry.name, plan.fallback)
+        proxy._tt_routes, proxy._tt_graphs, proxy._tt_state = {}, [], ModuleState.PASSTHROUGH
+    else:
+        proxy._tt_routes = dict(zip(plan.keys, plan.backends))
+        proxy._tt_graphs = list(plan.specs)
+        proxy._tt_state = ModuleState.TUNED
+        proxy._tt_checkpoint = holder
+        if any(getattr(s, "phase", None) is not None for s in plan.specs):
+            proxy._tt_phases = True
+    proxy._tt_recorder = None
+    proxy._tt_offloaded = False
+    return proxy
+
+
+def _workdir() -> Path:
+    try:
+        parent = secure_mkdir(config.cache_dir / "checkpoints")
+    except OSError:
+        parent = None
+    return Path(tempfile.mkdtemp(prefix="load_", dir=parent))
+
+
+def load(obj: Any, path: str | os.PathLike[str], device_map: dict[str, Any] | None = None) -> Any:
+    """Restore the tuned modules saved by ``tt.save`` into ``obj`` (the same model or pipeline, built fresh).
+
+    Every member of the checkpoint is verified against its manifest and sums file before anything is used.
+    Modules found at their stored paths are wrapped (if they are not already) and their backends deployed
+    without tuning again; ``device_map`` ({module name: device}) overrides the stored device per module.
+
+    Returns:
+        ``obj``, or the root ``tt.Module`` when the saved object was itself a tuned ``tt.Module``.
+
+    Raises:
+        CheckpointError: the checkpoint is missing, tampered with, or does not match ``obj``; ``obj`` is unchanged.
+    """
+    start = time.perf_counter()
+    path = Path(path)
+    with open_verified(path) as archive:
+        entries = parse_modules(archive.manifest)
+        devices = _device_map(device_map, [e.name for e in entries])
+        diff = compare_environment(archive.manifest.get("environment"))
+        plans = [_plan(obj, e, entries, devices, diff) for e in entries]
+        targets = [id(p.inner) for p in plans]
+        if len(set(targets)) != len(targets):
+            raise CheckpointError(f"Checkpoint {path} maps two modules to the same object; it is corrupt.")
+        warn_environment(diff, path, sorted({g.backend_type for e in entries for g in e.graphs}))
+        holder = _Extracted(_workdir())
+        try:
+            archive.extract(holder.path)
+        except BaseException:
+            holder.delete()
+            raise
+    journal: list[Callable[[], None]] = []
+    try:
+        for plan in plans:
+            _prepare(plan, archive, holder.path)
+        proxies = [_restore(plan, holder, journal) for plan in plans]
+    except BaseException as exc:
+        for undo in reversed(journal):
+            undo()
+        holder.delete()
+        if isinstance(exc, CheckpointError) or not isinstance(exc, Exception):
+            raise
+        raise CheckpointError(f"Loading {path} failed ({type(exc).__name__}: {exc}); the model is unchanged.") from exc
+    for plan, proxy in zip(plans, proxies):
+        if plan.fallback is None:
+            _offload(proxy, plan.backends)
+        for backend in plan.old_backends:  # release what the module ran before (built in this process)
+            if backend.state.name == "ACTIVE" and backend not in plan.backends:
+                backend.deactivate()
+    logger.info("Loaded %d module(s) from %s in %.2fs", len(plans), path, time.perf_counter() - start)
+    root = next((proxy for plan, proxy in zip(plans, proxies) if not plan.entry.path), None)
+    return root if root is not None else obj

@@ -1,0 +1,33 @@
+"""Check a checkpoint without loading it (for ``torch-tweak verify`` and for scripts)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from torch_tweak.torch.checkpoint.archive import open_verified
+from torch_tweak.torch.checkpoint.manifest import compare_environment, parse_modules, path_text
+
+
+def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Verify every member of the checkpoint at ``path`` and summarize it; raise CheckpointError if it is bad.
+
+    Returns:
+        ``{"path", "format_version", "created", "environment", "environment_changes", "modules"}`` where each
+        module is ``{"name", "path", "class", "graphs": [{"name", "backend"}]}``.
+    """
+    with open_verified(Path(path)) as archive:
+        manifest = archive.manifest
+        modules = parse_modules(manifest)
+    diff = compare_environment(manifest.get("environment"))
+    return {
+        "path": str(path),
+        "format_version": manifest["format_version"],
+        "created": manifest.get("created"),
+        "environment": manifest.get("environment"),
+        "environment_changes": {"missing_cpu_flags": diff.missing_flags,
+                                "versions": {k: list(v) for k, v in diff.versions.items()}},
+        "modules": [{"name": m.name, "path": path_text(m.path), "class": m.class_name,
+                     "graphs": [{"name": g.name, "backend": g.backend_type} for g in m.graphs]} for m in modules],
+    }
