@@ -107,11 +107,14 @@ class TorchEagerBackend(Backend):
             self._module.to(self._device)
 
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
-        with torch.no_grad(), autocast_context(self._device, self._config.autocast_enabled, self._config.autocast_dtype):
+        if not self._config.autocast_enabled:
+            if not torch.is_grad_enabled():
+                return self._forward(*args, **kwargs)
+            with torch.no_grad():
+                return self._forward(*args, **kwargs)
+        with torch.no_grad(), autocast_context(self._device, True, self._config.autocast_dtype):
             outputs = self._forward(*args, **kwargs)
-        if self._config.autocast_enabled and self._graph_spec is not None:
-            outputs = restore_dtypes(outputs, self._graph_spec)
-        return outputs
+        return restore_dtypes(outputs, self._graph_spec) if self._graph_spec is not None else outputs
 
     def to_dict(self) -> dict[str, Any]:
         """Type, config, graph spec and device; the weights are the wrapped module's own."""
