@@ -112,10 +112,10 @@ def main() -> None:
                 x = torch.randn(batch, *shape)
                 feed = {0: x.numpy()}
 
-                def direct(feed: dict = feed) -> object:
+                def direct(feed: dict = feed, request: object = request) -> object:
                     return request.infer(feed, share_inputs=True)
 
-                def tuned(x: torch.Tensor = x) -> object:
+                def tuned(x: torch.Tensor = x, backend: OpenVINOBackend = backend) -> object:
                     return backend.infer(x)
 
                 rows.append((name, batch, backend.executed_precision, measure(direct, tuned, args.calls, args.block)))

@@ -395,3 +395,15 @@ def test_ir_is_reused_when_nothing_changed(tmp_path: Path, monkeypatch: pytest.M
     with pytest.raises(AssertionError, match="reused"):
         OpenVINOBackend(OpenVINOBackendConfig(**F32)).build(model, spec, [s.sample for s in samples], CPU,
                                                              tmp_path / "cache")
+
+
+def test_shared_and_copied_inputs_alternate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch_tweak.torch.backend.openvino import openvino_backend
+
+    backend, _, _, model = build("mlp", tmp_path, **F32)
+    monkeypatch.setattr(openvino_backend, "COPY_INPUT_MAX_BYTES", 64)  # batch 1 copied, larger batches shared
+    for batch in (1, 5, 1, 8, 2, 1):
+        x = torch.randn(batch, 8)
+        with torch.no_grad():
+            expected = model(x)
+        assert_close(backend.infer(x), expected)

@@ -28,7 +28,8 @@ from torch_tweak.torch.backend.openvino.converter import (
     import_openvino,
 )
 from torch_tweak.torch.module.spec import GraphSpec
-from torch_tweak.torch.module.tree import TENSOR, Sample, dtype_name, flatten_sample, spec_to_json, unflatten
+from torch_tweak.torch.module.tree import TENSOR, Sample, dtype_name, flatten_sample, unflatten
+from torch_tweak.torch.module.tree_json import spec_to_json
 
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 _PRECISIONS = {"f32": "f32", "fp32": "f32", "float32": "f32", "bf16": "bf16", "bfloat16": "bf16",
@@ -97,10 +98,10 @@ def ov_device_name(device: torch.device | None) -> str:
 class _Runner:
     """A compiled model with everything a call needs precomputed, and a pool of reusable infer requests.
 
-    Inputs up to :data:`COPY_INPUT_MAX_BYTES` are copied into tensors the request owns; larger ones are shared
-    with OpenVINO without a copy. Binding new memory to a request costs more than copying a small input
-    (about 5-7 µs per call at batch 1, benchmarks/openvino_overhead.py), and ``InferRequest.infer(inputs)``
-    adds Python-side wrapping that ``set_input_tensor`` + ``infer()`` avoids. Outputs are copied out of the
+    Inputs up to :data:`COPY_INPUT_MAX_BYTES` are copied into tensors bound once to the request (reshaped in
+    place); larger ones are shared with OpenVINO without a copy. Binding a tensor to a request costs more than
+    copying a small input (about 5-7 µs per call at batch 1, benchmarks/openvino_overhead.py), and
+    ``InferRequest.infer(inputs)`` adds Python-side wrapping that ``infer()`` on bound tensors avoids. Outputs are copied out of the
     request before it goes back to the pool, since the next call on that request overwrites its buffers.
     """
 
@@ -119,7 +120,7 @@ class _Runner:
         self._device = device if device is not None and device.type != "cpu" else None
         self._out_range = range(len(compiled.outputs))
         self._ov_tensor = import_openvino().Tensor
-        self._pool: queue.SimpleQueue[tuple[Any, list[Any]]] = queue.SimpleQueue()
+        self._pool: queue.SimpleQueue[tuple[Any, list[Any], list[bool]]] = queue.SimpleQueue()
         self._pool.put(self._new_request())
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -138,35 +139,39 @@ class _Runner:
         if len(arrays) != self._n:
             raise self._input_error(leaves)
         try:
-            request, own = self._pool.get_nowait()
+            entry = self._pool.get_nowait()
         except queue.Empty:
-            request, own = self._new_request()
+            entry = self._new_request()
+        request, own, bound = entry
         try:
             for i, array in enumerate(arrays):
                 if array.nbytes <= COPY_INPUT_MAX_BYTES:
                     tensor = own[i]
                     tensor.shape = array.shape
                     np.copyto(tensor.data, array)
+                    if not bound[i]:
+                        request.set_input_tensor(i, tensor)
+                        bound[i] = True
                 else:
-                    tensor = self._ov_tensor(np.ascontiguousarray(array), shared_memory=True)
-                request.set_input_tensor(i, tensor)
+                    request.set_input_tensor(i, self._ov_tensor(np.ascontiguousarray(array), shared_memory=True))
+                    bound[i] = False
             request.infer()
             outputs = [torch.from_numpy(request.get_output_tensor(i).data.copy()) for i in self._out_range]
         except RuntimeError as exc:
             raise self._input_error(leaves) from exc
         finally:
-            self._pool.put((request, own))
+            self._pool.put(entry)
         for i, dtype in self._casts:
             outputs[i] = outputs[i].to(dtype)
         if self._device is not None:
             outputs = [t.to(self._device) for t in outputs]
         return outputs[0] if self._single else unflatten(self._out_structure, outputs)
 
-    def _new_request(self) -> tuple[Any, list[Any]]:
-        """An infer request with its own input tensors (small inputs are copied into them)."""
+    def _new_request(self) -> tuple[Any, list[Any], list[bool]]:
+        """An infer request, its own input tensors (small inputs are copied into them) and which are bound."""
         own = [self._ov_tensor(p.get_element_type(), list(s.min_shape))
                for p, s in zip(self._compiled.inputs, self._spec.inputs, strict=True)]
-        return self._compiled.create_infer_request(), own
+        return self._compiled.create_infer_request(), own, [False] * len(own)
 
     def _slow_feed(self, leaves: Any) -> list[Any]:
         feed = []
