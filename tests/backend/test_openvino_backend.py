@@ -407,3 +407,25 @@ def test_shared_and_copied_inputs_alternate(tmp_path: Path, monkeypatch: pytest.
         with torch.no_grad():
             expected = model(x)
         assert_close(backend.infer(x), expected)
+
+
+class BatchSecond(nn.Module):
+    """Batch on axis 0 of the input and axis 1 of one output: the split must concatenate on the right axes."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 3, x.transpose(0, 1) + 1
+
+
+@pytest.mark.parametrize("hint", ["THROUGHPUT", "CUMULATIVE_THROUGHPUT"])
+def test_throughput_hint_splits_large_batches(hint: str, tmp_path: Path) -> None:
+    model = BatchSecond()
+    ((spec, samples),) = record(model, [(b, ((torch.randn(b, 5),), {})) for b in (1, 2, 9)])
+    backend = OpenVINOBackend(OpenVINOBackendConfig(performance_hint=hint, **F32))
+    backend.build(model, spec, [s.sample for s in samples], CPU, tmp_path)
+    split = backend._runner._split
+    assert split >= 2  # one request per stream (2 streams on 2 cores, environment.md G17)
+    for batch in (1, 2, 7, 9):
+        x = torch.randn(batch, 5)
+        chunks = backend._runner._chunks([x.numpy()])
+        assert chunks is None if batch == 1 else (sum(chunks) == batch and len(chunks) == min(batch, split))
+        assert_close(backend.infer(x), model(x))
