@@ -16,7 +16,9 @@ from torch_tweak.torch.config import config
 from torch_tweak.torch.dataset import dataset_items, iter_batches
 from torch_tweak.torch.module.session import RecordingSession, recording
 from torch_tweak.torch.module.wrapper import Module, ModuleState
+from torch_tweak.torch.report import progress
 from torch_tweak.torch.report.report import GraphReport, ModuleReport, TuningReport
+from torch_tweak.torch.report.session import reporting
 from torch_tweak.torch.tune_strategy.base import GraphTask, TuneStrategy
 from torch_tweak.utils.permissions import secure_mkdir
 from torch_tweak.utils.trace import annotate
@@ -27,6 +29,7 @@ CACHE_MARKER = ".torch_tweak_cache"
 
 
 @annotate(domain="Torch Tweak")
+@reporting
 def tune(
     func: Callable[..., Any],
     dataset: Any,
@@ -68,6 +71,7 @@ def tune(
         clear_cache_dir()
 
     session = RecordingSession()
+    progress.update(phase="record")
     with recording(session), torch.no_grad():
         for batch_size in sizes:
             session.batch_size = batch_size
@@ -85,6 +89,7 @@ def tune(
     report = TuningReport(device=str(target), batch_sizes=sizes, dry_run=dry_run)
     for module in modules:
         module_report = ModuleReport(name=module.name)
+        progress.update(module=module.name)
         report.modules.append(module_report)
         try:
             tune_module(module, target, None, dry_run, module_report)
@@ -131,6 +136,7 @@ def tune_module(
     built: list[Any] = []
     try:
         for graph, spec, strat in zip(recorders, specs, strategies):
+            progress.update(graph=spec.name)
             graph_report = GraphReport(name=spec.name, spec=spec.to_dict())
             report.graphs.append(graph_report)
             task = GraphTask(module.wrapped, module.name, spec, graph.samples, target,

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from torch_tweak.errors import ConfigError
+from torch_tweak.torch.report.metrics import (
+    format_fidelity,
+    format_ms,
+    format_speedup,
+    format_throughput,
+    graph_metrics,
+)
 from torch_tweak.utils.permissions import open_secure
 from torch_tweak.utils.table import format_table
 
-SCHEMA_VERSION = 1
+# 2: structured environment block and creation time.
+SCHEMA_VERSION = 2
 
 # Candidate statuses
 CHOSEN = "chosen"
@@ -20,6 +28,9 @@ BUILD_FAILED = "build_failed"
 INFER_FAILED = "infer_failed"
 REJECTED = "rejected"
 TIMEOUT = "timeout"
+
+TABLE_HEADERS = ["module", "graph", "candidate", "status", "precision", "max abs err", "throughput", "p50 ms",
+                 "p99 ms", "vs eager", "chosen"]
 
 
 @dataclass
@@ -80,7 +91,11 @@ class ModuleReport:
 
 @dataclass
 class TuningReport:
-    """Returned by ``tt.tune``; prints as a table and serializes to JSON."""
+    """Returned by ``tt.tune``; prints as a table, serializes to JSON and renders to HTML.
+
+    ``environment`` describes the machine and libraries (:mod:`.environment`); ``created`` is the UTC time the
+    tune finished (ISO 8601). ``tt.tune`` also writes every report to ``<cache_dir>/reports/``.
+    """
 
     modules: list[ModuleReport] = field(default_factory=list)
     device: str = "cpu"
@@ -88,6 +103,7 @@ class TuningReport:
     dry_run: bool = False
     duration_s: float = 0.0
     environment: dict[str, Any] = field(default_factory=dict)
+    created: str | None = None
 
     def module(self, name: str) -> ModuleReport:
         """The report of the module called ``name``."""
@@ -97,29 +113,42 @@ class TuningReport:
         raise KeyError(f"No module named {name!r} in this report; modules: {[m.name for m in self.modules]}")
 
     def rows(self) -> list[list[Any]]:
-        """One row per candidate: module, graph, candidate, status, precision, fidelity, build time, error."""
-        rows: list[list[Any]] = []
+        """One row per candidate, under :data:`TABLE_HEADERS` (modules or graphs without candidates get one row)."""
+        return [row for row, _ in self._rows_and_notes()]
+
+    def _rows_and_notes(self) -> list[tuple[list[Any], str | None]]:
+        rows: list[tuple[list[Any], str | None]] = []
+        blank = [""] * (len(TABLE_HEADERS) - 4)
         for module in self.modules:
             if not module.graphs:
-                rows.append([module.name, "", "", module.status, "", "", "", module.error or ""])
+                rows.append(([module.name, "", "", module.status, *blank], module.error))
             for graph in module.graphs:
                 if not graph.candidates:
-                    rows.append([module.name, graph.name, "", module.status, "", "", "", module.error or ""])
-                for cand in graph.candidates:
-                    fid = cand.fidelity or {}
-                    fidelity = f"{fid.get('max_abs_error', 0):.2e}" if fid else ""
-                    build = f"{cand.build_time_s:.2f}s" if cand.build_time_s is not None else ""
-                    rows.append([module.name, graph.name, cand.backend, cand.status, cand.precision or "",
-                                 fidelity, build, _short(cand.error)])
+                    rows.append(([module.name, graph.name, "", module.status, *blank], module.error))
+                for cand, m in zip(graph.candidates, graph_metrics(graph)):
+                    name = f"{cand.backend} (baseline)" if cand.role == "baseline" else cand.backend
+                    rows.append(([module.name, graph.name, name, cand.status, cand.precision or "",
+                                  format_fidelity(cand), format_throughput(m), format_ms(m.p50_ms),
+                                  format_ms(m.p99_ms), format_speedup(m.speedup),
+                                  "*" if cand.status == CHOSEN else ""], cand.error))
         return rows
 
     def __str__(self) -> str:
-        headers = ["module", "graph", "candidate", "status", "precision", "max abs err", "build", "error"]
-        title = f"Tuning report ({'dry run, ' if self.dry_run else ''}device {self.device}, {self.duration_s:.1f}s)"
-        return format_table(headers, self.rows(), title=title)
+        kind = "dry run, " if self.dry_run else ""
+        title = f"Tuning report ({kind}device {self.device}, batch sizes {self.batch_sizes}, {self.duration_s:.1f}s)"
+        rows, notes = [], []
+        for row, error in self._rows_and_notes():
+            if error:
+                notes.append(f"  [{len(notes) + 1}] {row[0]}/{row[1] or '-'} {row[2] or row[3]}: {_short(error, 160)}")
+                row = [*row[:3], f"{row[3]} [{len(notes)}]", *row[4:]]
+            rows.append(row)
+        text = format_table(TABLE_HEADERS, rows, title=title)
+        if notes:
+            text += "\nNotes:\n" + "\n".join(notes)
+        return text
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form with a schema version."""
+        """JSON-able form with a schema version (the environment block is part of it)."""
         data = asdict(self)
         data["schema_version"] = SCHEMA_VERSION
         return data
@@ -134,22 +163,68 @@ class TuningReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TuningReport:
-        """Inverse of :meth:`to_dict`; refuses reports with a newer schema."""
+        """Inverse of :meth:`to_dict`; refuses what is not a report or has a newer schema (:class:`ConfigError`)."""
+        if not isinstance(data, dict) or "schema_version" not in data or not isinstance(data.get("modules"), list):
+            raise ConfigError("This is not a torch_tweak tuning report: it has no schema_version or no modules list.")
         version = data.get("schema_version")
-        if not isinstance(version, int) or version > SCHEMA_VERSION:
+        if isinstance(version, bool) or not isinstance(version, int) or version > SCHEMA_VERSION:
             raise ConfigError(
                 f"Report schema version {version!r} is not supported (this torch_tweak reads up to {SCHEMA_VERSION}); "
                 "upgrade torch_tweak to read it."
             )
-        modules = []
-        for m in data.get("modules", []):
-            graphs = [
-                GraphReport(**{**g, "candidates": [CandidateReport(**c) for c in g.get("candidates", [])]})
-                for g in m.get("graphs", [])
-            ]
-            modules.append(ModuleReport(**{**m, "graphs": graphs}))
-        fields = {k: v for k, v in data.items() if k not in ("modules", "schema_version")}
-        return cls(modules=modules, **fields)
+        try:
+            modules = []
+            for m in data["modules"]:
+                graphs = [_build(GraphReport, g, candidates=[_build(CandidateReport, c) for c in g.get("candidates", [])])
+                          for g in m.get("graphs", [])]
+                modules.append(_build(ModuleReport, m, graphs=graphs))
+            report = _build(cls, data, modules=modules)
+        except (TypeError, AttributeError, KeyError) as exc:
+            raise ConfigError(f"This is not a well-formed torch_tweak tuning report: {exc}.") from exc
+        if not isinstance(report.environment, dict):
+            report.environment = {}
+        return report
+
+    @classmethod
+    def load(cls, path: str | Path) -> TuningReport:
+        """Read a report written by :meth:`to_json` (raises :class:`ConfigError` for anything else)."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"Cannot read report {path}: {exc}") from exc
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path} is not a torch_tweak tuning report: it is not JSON ({exc}).") from exc
+        try:
+            return cls.from_dict(data)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+
+    def to_html(self, full_page: bool = True) -> str:
+        """The HTML report (plots inline, no network fetches); needs matplotlib."""
+        from torch_tweak.torch.report.html import render_html
+
+        return render_html(self, full_page=full_page)
+
+    def save_html(self, path: str | Path) -> Path:
+        """Write the report as ONE self-contained HTML file (summary, per-module sections, plots)."""
+        path = Path(path)
+        with open_secure(path, "w") as f:
+            f.write(self.to_html())
+        return path
+
+    def _repr_html_(self) -> str:
+        """Rich display in notebooks."""
+        return self.to_html(full_page=False)
+
+
+def _build(kind: type, data: dict[str, Any], **overrides: Any) -> Any:
+    """``kind(**data)`` keeping only its fields (keys added by newer writers of the same schema are ignored)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"expected an object for {kind.__name__}, got {type(data).__name__}")
+    names = {f.name for f in fields(kind)}
+    return kind(**{k: v for k, v in data.items() if k in names and k not in overrides}, **overrides)
 
 
 def _short(text: str | None, limit: int = 80) -> str:

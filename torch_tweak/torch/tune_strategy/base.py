@@ -20,6 +20,7 @@ from torch_tweak.torch.module._forward import pristine
 from torch_tweak.torch.module.recording import RecordedSample
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample
+from torch_tweak.torch.report import progress
 from torch_tweak.torch.report.report import BUILD_FAILED, INFER_FAILED, PASSED, REJECTED, CandidateReport, GraphReport
 from torch_tweak.utils.capture import capture_output
 from torch_tweak.utils.permissions import secure_mkdir
@@ -111,6 +112,7 @@ class TuneStrategy(ABC):
         backend = copy.deepcopy(template)
         row = CandidateReport(backend=backend.describe(), key=backend.key(), role=role)
         task.report.candidates.append(row)
+        progress.update(candidate=row.backend, phase="build")
         cache_dir = secure_mkdir(task.cache_dir / backend.key())
         log_path = cache_dir / "build.log"
         row.log_path = str(log_path)
@@ -126,8 +128,11 @@ class TuneStrategy(ABC):
         row.build_time_s = time.perf_counter() - start
         row.precision = backend.executed_precision
         if self._correctness_check:
+            progress.update(phase="check")
             self._check(backend, task, row)
         row.status = PASSED
+        if getattr(self, "profiling", None) is not None:  # measuring strategies measure next
+            progress.update(phase="measure")
         return backend, row
 
     def _check(self, backend: Backend, task: GraphTask, row: CandidateReport) -> None:
