@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import gc
 import json
 import subprocess
 import sys
@@ -309,7 +310,14 @@ def test_tune_with_one_backend_strategy(tmp_path: Path) -> None:
     tt.tune(model, data, batch_sizes=[1, 4])
     x = torch.randn(3, 8)
     with torch.no_grad():
-        torch.testing.assert_close(model(x), mlp()(x), atol=1e-4, rtol=1e-4)
+        expected = mlp()(x)
+        torch.testing.assert_close(model(x), expected, atol=1e-4, rtol=1e-4)
+    path = tt.save(model, tmp_path / "mlp.tt")
+    del model
+    gc.collect()
+    restored = tt.load(mlp(), path)
+    with torch.no_grad():
+        torch.testing.assert_close(restored(x), expected, atol=1e-4, rtol=1e-4)
 
 
 # inputs -----------------------------------------------------------------------------------------
@@ -429,3 +437,13 @@ def test_throughput_hint_splits_large_batches(hint: str, tmp_path: Path) -> None
         chunks = backend._runner._chunks([x.numpy()])
         assert chunks is None if batch == 1 else (sum(chunks) == batch and len(chunks) == min(batch, split))
         assert_close(backend.infer(x), model(x))
+
+
+def test_conversion_error_names_the_failing_operator() -> None:
+    from torch_tweak.torch.backend.openvino.converter import _conversion_error
+
+    cause = RuntimeError("OpConversionFailure: No conversion rule found for operations: aten::my_op, aten::other")
+    error = _conversion_error("OpenVINO conversion (TorchScript trace)", cause, use_dynamo=False)
+    assert isinstance(error, ConversionError)
+    assert "aten::my_op, aten::other" in str(error) and "use_dynamo=False" not in str(error)
+    assert "use_dynamo=False" in str(_conversion_error("torch.export", ValueError("boom"), use_dynamo=True))
