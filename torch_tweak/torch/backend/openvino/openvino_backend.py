@@ -30,6 +30,7 @@ from torch_tweak.torch.backend.openvino.converter import (
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import TENSOR, Sample, dtype_name, flatten_sample, unflatten
 from torch_tweak.torch.module.tree_json import spec_to_json
+from torch_tweak.utils.permissions import secure_mkdir
 
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 _PRECISIONS = {"f32": "f32", "fp32": "f32", "float32": "f32", "bf16": "bf16", "bfloat16": "bf16",
@@ -320,9 +321,8 @@ class OpenVINOBackend(Backend):
         config: dict[str, Any] = {"PERFORMANCE_HINT": self._config.performance_hint}
         if self._config.inference_precision is not None:
             config["INFERENCE_PRECISION_HINT"] = self._config.inference_precision
-        cache = xml.parent.parent / MODEL_CACHE_DIR_NAME
-        if os.access(xml.parent.parent, os.W_OK):
-            config["CACHE_DIR"] = str(cache)
+        if os.access(xml.parent.parent, os.W_OK):  # compiled blobs beside the IR folder, not inside the checkpoint
+            config["CACHE_DIR"] = str(secure_mkdir(xml.parent.parent / MODEL_CACHE_DIR_NAME))
         try:
             compiled = ov_core().compile_model(str(xml), device, config)
             self._runner = _Runner(compiled, graph_spec, self._device, self._config.performance_hint)
