@@ -1,36 +1,196 @@
-"""The ``torch-tweak`` command line."""
+"""The ``torch-tweak`` command line: ``demo``, ``report``, ``verify`` and ``cache``.
+
+Every command has ``--help``. Errors are reported as one line on stderr with a non-zero exit status
+(1 for a failed command, 2 for bad usage, 130 when interrupted); tracebacks are only shown with
+``TORCH_TWEAK_DEBUG=1``. Heavy modules (torch, the backends) are imported by the commands that need them.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
+from pathlib import Path
 
 
 def _demo(args: argparse.Namespace) -> int:
-    import torch_tweak.torch as tt
-    from torch_tweak.demo import small_cnn
-    from torch_tweak.torch.backend import TorchEagerBackend
+    from torch_tweak.demo import run_demo
+    from torch_tweak.torch.config import config
 
-    model, samples = small_cnn()
-    wrapped = tt.Module(model, name="demo_cnn", strategy=tt.OneBackendStrategy(TorchEagerBackend()))
-    report = tt.tune(wrapped, samples, batch_sizes=[1, 2, 4])
-    print(report)
-    for name, backend in wrapped.backends.items():
-        print(f"demo_cnn graph {name}: chose {backend.describe()}")
+    out = Path(args.out) if args.out else config.cache_dir / "demo"
+    kind = "quick demo (eager only)" if args.quick else "demo (every CPU backend available)"
+    print(f"torch-tweak: tuning the built-in CNN and transformer encoder, {kind}; this can take a few minutes...",
+          file=sys.stderr, flush=True)
+    result = run_demo(out, quick=args.quick)
+    print(result.report)
+    print()
+    print(f"JSON report:  {result.json_path}")
+    print(f"HTML report:  {result.html_path}")
+    if result.checkpoint_path is not None:
+        print(f"checkpoint:   {result.checkpoint_path}  (check it with: torch-tweak verify {result.checkpoint_path})")
+    else:
+        print(f"checkpoint:   not written ({result.checkpoint_error or 'tt.save is not available in this version'})")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``torch-tweak``."""
-    parser = argparse.ArgumentParser(prog="torch-tweak", description="Tune PyTorch models for inference.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="tune a built-in CNN and print the result")
+def _report(args: argparse.Namespace) -> int:
+    from torch_tweak.torch.report import TuningReport
+
+    report = TuningReport.load(args.file)
+    print(report)
+    if args.html:
+        path = report.save_html(args.html)
+        print(f"HTML report: {path}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        raise FileNotFoundError(f"there is no checkpoint file at {path}")
+    try:
+        from torch_tweak.torch.checkpoint.verify import verify
+    except ImportError as exc:
+        raise RuntimeError(f"this torch_tweak has no checkpoint verification ({exc})") from exc
+    summary = verify(path)
+    print(f"OK: {summary['path']} (format {summary['format_version']}, created {summary.get('created') or '?'})")
+    for module in summary["modules"]:
+        graphs = ", ".join(f"graph {g['name']}: {g['backend']}" for g in module["graphs"])
+        print(f"  module {module['name']} at {module['path'] or '<root>'} ({module['class']}): {graphs}")
+    changes = summary.get("environment_changes") or {}
+    if changes.get("missing_cpu_flags"):
+        print(f"  note: saved on a CPU with {', '.join(changes['missing_cpu_flags'])}, which this CPU lacks")
+    for name, (saved, current) in (changes.get("versions") or {}).items():
+        print(f"  note: {name} was {saved} when saved, is {current} here")
+    return 0
+
+
+def _cache(args: argparse.Namespace) -> int:
+    from torch_tweak.torch.config import config
+
+    if args.cache_dir:
+        config.cache_dir = args.cache_dir
+    root = Path(config.cache_dir)
+    if args.action == "list":
+        _list_cache(root)
+    else:
+        _clear_cache(root)
+    return 0
+
+
+def _size(path: Path) -> tuple[int, int]:
+    """Files and bytes under ``path`` (symbolic links are not followed)."""
+    files = total = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            files += 1
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                pass
+    return files, total
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+def _list_cache(root: Path) -> None:
+    from torch_tweak.torch.tuning import CACHE_MARKER
+
+    if not root.exists():
+        print(f"cache folder {root} does not exist: nothing is cached")
+        return
+    if not root.is_dir():
+        raise NotADirectoryError(f"the cache folder {root} is not a folder")
+    marked = (root / CACHE_MARKER).is_file()
+    files, total = _size(root)
+    print(f"cache folder {root}: {files} files, {_human(total)}"
+          + ("" if marked else f" (no {CACHE_MARKER} marker: not created by torch_tweak)"))
+    for entry in sorted(root.iterdir()):
+        if entry.name == CACHE_MARKER or not entry.is_dir() or entry.is_symlink():
+            continue
+        n, size = _size(entry)
+        if entry.name == "reports":
+            reports = sorted(p.name for p in entry.glob("*.json"))
+            newest = f", newest {entry / reports[-1]}" if reports else ""
+            print(f"  reports/  {len(reports)} tuning reports, {_human(size)}{newest}")
+            continue
+        graphs = [g for g in sorted(entry.iterdir()) if g.is_dir() and not g.is_symlink()]
+        builds = sum(1 for g in graphs for b in g.iterdir() if b.is_dir())
+        print(f"  {entry.name}/  {len(graphs)} graphs, {builds} candidate builds, {n} files, {_human(size)}")
+
+
+def _clear_cache(root: Path) -> None:
+    from torch_tweak.torch.tuning import clear_cache_dir
+
+    if not root.exists():
+        print(f"cache folder {root} does not exist: nothing to clear")
+        return
+    if root.is_symlink():
+        raise ValueError(f"refusing to clear {root}: it is a symbolic link; point the cache at the real folder")
+    files, total = _size(root)
+    clear_cache_dir()
+    print(f"cleared {root} ({files} files, {_human(total)})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``torch-tweak`` (one sub-command each)."""
+    parser = argparse.ArgumentParser(prog="torch-tweak", description="Tune PyTorch models for inference: run the "
+                                     "demo, read tuning reports, verify checkpoints, manage the cache.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser("demo", help="tune a built-in CNN and transformer encoder with every CPU backend",
+                               description="Tune the built-in CNN and transformer encoder with every CPU backend "
+                               "(HighestThroughputStrategy), print the report, write it as JSON and HTML and save a "
+                               "checkpoint.")
+    demo.add_argument("--out", metavar="DIR", help="output folder (default: <cache dir>/demo)")
+    demo.add_argument("--quick", action="store_true", help="eager only, short measurements (a few seconds)")
     demo.set_defaults(func=_demo)
-    args = parser.parse_args(argv)
+
+    report = commands.add_parser("report", help="print a saved tuning report, optionally as HTML",
+                                 description="Print a tuning report written by tt.tune (<cache dir>/reports/*.json) "
+                                 "or by TuningReport.to_json, and optionally render it to one HTML file.")
+    report.add_argument("file", metavar="FILE.json", help="the report's JSON file")
+    report.add_argument("--html", metavar="OUT", help="also write the HTML report to OUT")
+    report.set_defaults(func=_report)
+
+    verify = commands.add_parser("verify", help="check a checkpoint's integrity without loading any backend",
+                                 description="Check every member of a checkpoint written by tt.save (sizes and "
+                                 "SHA-256 against its manifest and sums file) without loading any backend.")
+    verify.add_argument("file", metavar="FILE.tt", help="the checkpoint")
+    verify.set_defaults(func=_verify)
+
+    cache = commands.add_parser("cache", help="list or clear torch_tweak's cache folder",
+                                description="List or clear torch_tweak's cache folder (tt.config.cache_dir, "
+                                "TORCH_TWEAK_CACHE_DIR). Clearing refuses a folder torch_tweak did not create.")
+    cache.add_argument("action", choices=["list", "clear"], help="list: show what is cached; clear: delete it")
+    cache.add_argument("--cache-dir", metavar="DIR", help="the cache folder (default: tt.config.cache_dir)")
+    cache.set_defaults(func=_cache)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``torch-tweak``; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args))
+    except KeyboardInterrupt:
+        print(f"torch-tweak {args.command}: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:  # noqa: BLE001 - the CLI reports errors as one line
-        print(f"torch-tweak {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if os.environ.get("TORCH_TWEAK_DEBUG"):
+            raise
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"torch-tweak {args.command}: error: {message}", file=sys.stderr)
         return 1
 
 
