@@ -31,7 +31,7 @@ _STYLE = """
 .tt-report table{border-collapse:collapse;margin:8px 0;font-size:.85em;width:100%}
 .tt-report th,.tt-report td{border:1px solid #e5e7eb;padding:3px 6px;text-align:left;vertical-align:top}
 .tt-report th,.tt-report td.num{white-space:nowrap}.tt-report td.muted,.tt-report td.error{overflow-wrap:anywhere}
-.tt-report td.error{min-width:240px}.tt-report td:first-child{overflow-wrap:anywhere}
+.tt-report td.error{min-width:240px}.tt-report td.name{overflow-wrap:anywhere}
 .tt-report th{background:#f3f4f6}.tt-report td.num{text-align:right;font-variant-numeric:tabular-nums}
 .tt-report tr.chosen td{background:#ecfdf5;font-weight:600}
 .tt-report .status-rejected,.tt-report .status-build_failed,.tt-report .status-infer_failed,
@@ -125,7 +125,7 @@ def _candidate_table(graph: Any) -> str:
         numbers = [format_fidelity(candidate), format_throughput(m), format_ms(m.p50_ms), format_ms(m.p99_ms),
                    format_speedup(m.speedup), build]
         cls = " class='chosen'" if candidate.status == "chosen" else ""
-        out.append(f"<tr{cls}><td>{_e(name)}</td><td class='status-{_e(candidate.status)}'>{_e(candidate.status)}</td>"
+        out.append(f"<tr{cls}><td class='name'>{_e(name)}</td><td class='status-{_e(candidate.status)}'>{_e(candidate.status)}</td>"
                    f"<td>{_e(candidate.precision or '')}</td>" + "".join(f"<td class='num'>{_e(n)}</td>" for n in numbers)
                    + f"<td class='error'>{_e(candidate.error or '')}</td></tr>")
     out.append("</table>")

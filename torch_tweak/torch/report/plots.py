@@ -144,7 +144,7 @@ def speedup_plot(graph: Any) -> str | None:
     ax.axvline(1.0, color="black", linewidth=1, linestyle="--")
     ax.set_xlim(0, max(values) * 1.25)
     metric = next((m.metric for _, m in rows if m.metric), None) or "throughput"
-    ax.set_xlabel(f"speed-up vs eager ({metric}; green = chosen)")
+    ax.set_xlabel(f"x eager {metric} (green: chosen)")
     ax.set_title("Speed-up vs eager")
     ax.tick_params(axis="y", labelsize=8)
     return _svg(fig)
@@ -173,7 +173,7 @@ def fidelity_plot(graph: Any) -> str | None:
     ax.set_xscale("log")
     ax.set_xlim(_FLOOR / 10, None)
     ax.margins(x=0.25)
-    ax.set_xlabel("error vs eager (log scale; dark: max abs, light: relative L2)")
+    ax.set_xlabel("error vs eager (dark: max abs, light: rel. L2)")
     ax.set_title("Fidelity error")
     ax.tick_params(axis="y", labelsize=8)
     return _svg(fig)
