@@ -11,6 +11,7 @@ The helpers at the top (warm-up inputs, build errors) are shared with the AOT an
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torch_tweak.errors import BuildError, ConfigError
+from torch_tweak.errors import BuildError, ConfigError, UnsupportedInputError
 from torch_tweak.torch.backend.backend import Backend, BackendConfig, BackendState
 from torch_tweak.torch.backend.torch_eager import (
     AUTOCAST_DTYPES,
@@ -58,7 +59,10 @@ def build_failure(
 def clone_sample(sample: Sample) -> Sample:
     """A copy of ``sample`` whose tensors are cloned (a module may modify its inputs in place)."""
     leaves, structure = flatten_sample(*sample)
-    return unflatten_sample(structure, [t.clone() for t in leaves])
+    try:
+        return unflatten_sample(structure, [t.clone() for t in leaves])
+    except UnsupportedInputError:  # objects that cannot be rebuilt from tensors (e.g. a KV cache)
+        return copy.deepcopy(sample)
 
 
 def example_batch_sizes(graph_spec: GraphSpec) -> list[int | None]:
@@ -92,11 +96,15 @@ def warm_up(
 ) -> None:
     """Run ``fn`` on synthesized inputs (first one marked dynamic if asked) and once on each recorded sample."""
     device = device or torch.device("cpu")
-    examples = [graph_spec.example_inputs(bs, device=device) for bs in example_batch_sizes(graph_spec)]
-    if mark_dynamic:
-        mark_symbolic_axes(examples[0], graph_spec)
+    try:
+        examples = [graph_spec.example_inputs(bs, device=device) for bs in example_batch_sizes(graph_spec)]
+    except UnsupportedInputError:
+        examples = []  # the inputs hold objects that cannot be synthesized (e.g. a KV cache): recorded calls only
+    calls = [*examples, *(clone_sample(s) for s in data)]
+    if mark_dynamic and calls:
+        mark_symbolic_axes(calls[0], graph_spec)
     with torch.no_grad(), context():
-        for args, kwargs in [*examples, *(clone_sample(s) for s in data)]:
+        for args, kwargs in calls:
             fn(*args, **kwargs)
 
 
