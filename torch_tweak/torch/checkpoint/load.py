@@ -29,7 +29,7 @@ from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.checkpoint import weights
 from torch_tweak.torch.checkpoint.archive import VerifiedArchive, member_name_problem, open_verified
 from torch_tweak.torch.checkpoint.codec import check_structure_types, decode_state, is_native, resolve_backend
-from torch_tweak.torch.checkpoint.locate import Slot, place, put_back, resolve
+from torch_tweak.torch.checkpoint.locate import Slot, nested_prefixes, place, put_back, resolve
 from torch_tweak.torch.checkpoint.manifest import (
     EnvironmentDiff,
     ModuleEntry,
@@ -46,7 +46,6 @@ from torch_tweak.torch.tuning import _offload
 from torch_tweak.utils.permissions import secure_mkdir
 
 logger = logging.getLogger(__name__)
-_STATE_FIELDS = ("_tt_state", "_tt_routes", "_tt_graphs", "_tt_recorder", "_tt_offloaded")
 
 
 class _Extracted:
@@ -99,13 +98,6 @@ def _device_map(device_map: Any, names: list[str]) -> dict[str, torch.device]:
     return result
 
 
-def _nested(entry: ModuleEntry, entries: list[ModuleEntry]) -> list[str]:
-    depth = len(entry.path)
-    return [".".join(str(k) for _, k in other.path[depth:]) for other in entries
-            if other is not entry and other.path[:depth] == entry.path and len(other.path) > depth
-            and all(kind == "child" for kind, _ in other.path[depth:])]
-
-
 def _plan(obj: Any, entry: ModuleEntry, entries: list[ModuleEntry], devices: dict[str, torch.device],
           diff: EnvironmentDiff) -> _Plan:
     slot = resolve(obj, entry.path, entry.name)
@@ -118,10 +110,10 @@ def _plan(obj: Any, entry: ModuleEntry, entries: list[ModuleEntry], devices: dic
     if proxy is None and entry.name in registered_modules():
         raise CheckpointError(f"Another live tt.Module is already named {entry.name!r}, so the module at {where} "
                               "cannot take that name. Load into that model instead, or delete it first.")
-    if qualified_name(type(inner)) != entry.class_name:
+    if type(inner).__qualname__ != entry.class_name.rpartition(":")[2]:  # the module may differ (__main__ vs import)
         raise CheckpointError(f"The module at {where} is a {qualified_name(type(inner))}, but the checkpoint stores "
                               f"a {entry.class_name} there ({entry.name!r}). Load into the model that was saved.")
-    nested = _nested(entry, entries)
+    nested = nested_prefixes(entry.path, [e.path for e in entries])
     weights.check_matches(inner, nested, entry.parameters, entry.name, where)
     types = [g.backend_type for g in entry.graphs]
     plan = _Plan(entry, slot, inner, proxy, nested, devices.get(entry.name),
@@ -194,6 +186,19 @@ def _prepare(plan: _Plan, archive: VerifiedArchive, root: Path) -> None:
         plan.backends.append(backend)
 
 
+def _snapshot(proxy: Module) -> Callable[[], None]:
+    """Remember every ``_tt_*`` attribute of ``proxy``; the returned function puts them back."""
+    attributes = object.__getattribute__(proxy, "__dict__")
+    saved = {k: v for k, v in attributes.items() if k.startswith("_tt_")}
+
+    def undo() -> None:
+        for key in [k for k in attributes if k.startswith("_tt_") and k not in saved]:
+            del attributes[key]
+        attributes.update(saved)
+
+    return undo
+
+
 def _restore(plan: _Plan, holder: _Extracted, journal: list[Callable[[], None]]) -> Module:
     entry = plan.entry
     proxy = plan.proxy
@@ -208,8 +213,7 @@ def _restore(plan: _Plan, holder: _Extracted, journal: list[Callable[[], None]])
         if undo is not None:
             journal.append(lambda: put_back(undo))
     else:
-        saved = {name: getattr(proxy, name) for name in _STATE_FIELDS}
-        journal.append(lambda: [setattr(proxy, k, v) for k, v in saved.items()])
+        journal.append(_snapshot(proxy))
     if plan.weights is not None:
         previous = weights.assign(plan.inner, plan.weights)
         journal.append(lambda: weights.restore(plan.inner, previous))

@@ -69,6 +69,13 @@ def find_wrapped(obj: Any) -> list[Found]:
     return found
 
 
+def nested_prefixes(path: list[Step], others: list[list[Step]]) -> list[str]:
+    """State-dict prefixes of the modules at ``others`` that sit inside the module at ``path`` (children only)."""
+    depth = len(path)
+    return [".".join(str(key) for _, key in other[depth:]) for other in others
+            if len(other) > depth and other[:depth] == path and all(kind == "child" for kind, _ in other[depth:])]
+
+
 @dataclass
 class Slot:
     """Where a module sits: its container and the step that reaches it (no container for the root)."""

@@ -19,7 +19,7 @@ from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.checkpoint import weights
 from torch_tweak.torch.checkpoint.archive import member_name_problem
 from torch_tweak.torch.checkpoint.codec import MARKER, encode_state, is_native
-from torch_tweak.torch.checkpoint.locate import Found, find_wrapped
+from torch_tweak.torch.checkpoint.locate import Found, find_wrapped, nested_prefixes
 from torch_tweak.torch.checkpoint.manifest import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, environment, path_text
 from torch_tweak.torch.checkpoint.writer import ArchiveWriter, no_space_hint
 from torch_tweak.torch.module.spec import GraphSpec
@@ -52,17 +52,6 @@ def _target(path: str | os.PathLike[str]) -> Path:
     except OSError as exc:
         raise CheckpointError(f"Cannot create the folder {target.parent} for the checkpoint: {exc}.") from exc
     return target
-
-
-def _nested(found: Found, tuned: list[Found]) -> list[str]:
-    """State-dict prefixes of the other tuned modules inside ``found`` (reached through child modules only)."""
-    depth = len(found.path)
-    prefixes = []
-    for other in tuned:
-        rest = other.path[depth:]
-        if other is not found and other.path[:depth] == found.path and rest and all(k == "child" for k, _ in rest):
-            prefixes.append(".".join(str(key) for _, key in rest))
-    return prefixes
 
 
 def _add_artifact(pending: _Pending, source: Path, prefix: str, where: str) -> dict[str, Any]:
@@ -146,7 +135,7 @@ def _module_entry(pending: _Pending, index: int, found: Found, tuned: list[Found
     specs, routes = list(proxy._tt_graphs), list(proxy._tt_routes.items())
     if len(specs) != len(routes):
         raise CheckpointError(f"{where} has {len(specs)} graph specs but {len(routes)} backends; tune it again.")
-    nested = _nested(found, tuned)
+    nested = nested_prefixes(found.path, [f.path for f in tuned])
     own = weights.own_tensors(proxy.wrapped, nested)
     tensors: dict[str, torch.Tensor] = {}
     graphs = [_graph_entry(pending, backend, spec, key, tensors, f"artifacts/m{index}/g{j}", f"{where}, graph {spec.name!r}")
