@@ -406,10 +406,10 @@ def test_ir_is_reused_when_nothing_changed(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_shared_and_copied_inputs_alternate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch_tweak.torch.backend.openvino import openvino_backend
+    from torch_tweak.torch.backend.openvino import runner as openvino_runner
 
     backend, _, _, model = build("mlp", tmp_path, **F32)
-    monkeypatch.setattr(openvino_backend, "COPY_INPUT_MAX_BYTES", 64)  # batch 1 copied, larger batches shared
+    monkeypatch.setattr(openvino_runner, "COPY_INPUT_MAX_BYTES", 64)  # batch 1 copied, larger batches shared
     for batch in (1, 5, 1, 8, 2, 1):
         x = torch.randn(batch, 8)
         with torch.no_grad():

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import BuildError, ConfigError, ConversionError, UnsupportedDeviceError
+from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
 from torch_tweak.torch.backend.backend import Backend, BackendConfig, BackendState
-from torch_tweak.torch.backend.openvino.converter import FlatForward, dynamic_shapes, example_leaves
 from torch_tweak.torch.backend.torch_inductor import build_failure, validate_inductor_options
 from torch_tweak.torch.module._forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec

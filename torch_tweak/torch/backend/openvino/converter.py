@@ -23,9 +23,10 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import BackendUnavailableError, ConversionError
+from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
 from torch_tweak.torch.module._forward import pristine
-from torch_tweak.torch.module.spec import GraphSpec, TensorSpec, resize_batch
-from torch_tweak.torch.module.tree import Sample, flatten, flatten_sample, unflatten_sample
+from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
+from torch_tweak.torch.module.tree import Sample
 from torch_tweak.utils.permissions import secure_file, secure_mkdir
 
 logger = logging.getLogger(__name__)
@@ -46,80 +47,6 @@ def import_openvino() -> Any:
             "Install it with: pip install torch-tweak[openvino]"
         ) from exc
     return openvino
-
-
-class FlatForward(nn.Module):
-    """Calls ``module`` with the structure of a graph from its input tensors given positionally."""
-
-    def __init__(self, module: nn.Module, graph_spec: GraphSpec) -> None:
-        super().__init__()
-        self.module = module
-        self._structure = graph_spec.input_structure
-        self._num_outputs = len(graph_spec.outputs)
-
-    def forward(self, *leaves: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Rebuild ``(args, kwargs)``, call the module by name, return its output tensors flattened."""
-        args, kwargs = unflatten_sample(self._structure, list(leaves))
-        outputs, _ = flatten(self.module(*args, **kwargs))
-        if len(outputs) != self._num_outputs:
-            raise ConversionError(
-                f"The module returned {len(outputs)} tensors while converting, but {self._num_outputs} were "
-                "recorded; its outputs must depend only on the input signature."
-            )
-        return tuple(outputs)
-
-
-def _sample_batch(leaves: list[torch.Tensor], graph_spec: GraphSpec) -> int | None:
-    for leaf, spec in zip(leaves, graph_spec.inputs, strict=False):
-        for axis, k in spec.batch_multipliers.items():
-            return leaf.shape[axis] // k
-    return None
-
-
-def example_leaves(graph_spec: GraphSpec, data: list[Sample]) -> list[torch.Tensor]:
-    """Input tensors to export/trace with: batch >= 2 and dynamic sizes >= 2 where possible (0/1 specialisation)."""
-    samples = list(data) or [graph_spec.example_inputs(None)]
-
-    def score(sample: Sample) -> tuple[int, int]:
-        leaves, _ = flatten_sample(*sample)
-        small_dims = sum(leaf.shape[a] < 2 for leaf, s in zip(leaves, graph_spec.inputs, strict=False) for a in s.dynamic_axes())
-        return small_dims, -(_sample_batch(leaves, graph_spec) or 0)
-
-    sample = min(samples, key=score)
-    bounds = graph_spec.batch_range()
-    leaves, _ = flatten_sample(*sample)
-    if bounds is not None and graph_spec.has_batch_axis():
-        batch = _sample_batch(leaves, graph_spec) or 0
-        if batch < 2 <= bounds[1]:
-            leaves, _ = flatten_sample(*resize_batch(sample, graph_spec, max(2, bounds[0])))
-    if len(leaves) != len(graph_spec.inputs):
-        raise ConversionError(
-            f"The example call has {len(leaves)} tensors but graph {graph_spec.name!r} expects {len(graph_spec.inputs)}."
-        )
-    return [leaf.detach() for leaf in leaves]
-
-
-def dynamic_shapes(graph_spec: GraphSpec, auto_dims: bool = False) -> tuple[Any, ...]:
-    """``torch.export`` dynamic shapes for :class:`FlatForward`: one shared batch Dim, one Dim per dynamic axis.
-
-    With ``auto_dims`` the dynamic (non-batch) axes use ``Dim.AUTO`` with their ranges, letting
-    ``torch.export`` find relations between them (e.g. the sequence axis of ids and mask).
-    """
-    from torch.export import Dim
-
-    bounds = graph_spec.batch_range()
-    batch = Dim("batch", min=bounds[0], max=bounds[1]) if bounds is not None and bounds[1] > bounds[0] else None
-    per_leaf: list[dict[int, Any] | None] = []
-    for spec in graph_spec.inputs:
-        axes: dict[int, Any] = {}
-        if batch is not None:
-            for axis, k in spec.batch_multipliers.items():
-                axes[axis] = batch if k == 1 else k * batch
-        for axis in spec.dynamic_axes():
-            lo, hi = spec.min_shape[axis], spec.max_shape[axis]
-            axes[axis] = Dim.AUTO(min=lo, max=hi) if auto_dims else Dim(f"{spec.name}_dim{axis}", min=lo, max=hi)
-        per_leaf.append(axes or None)
-    return (tuple(per_leaf),)
 
 
 def _conversion_error(what: str, exc: BaseException, use_dynamo: bool) -> ConversionError:
