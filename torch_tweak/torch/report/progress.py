@@ -155,7 +155,9 @@ def _is_terminal_stderr(stream: Any) -> bool:
 def _clearing_before_output(display: ProgressDisplay) -> Iterator[None]:
     """Make stderr logging handlers and ``warnings`` erase the status line before they write."""
     patched: list[logging.Handler] = []
-    handlers = list(logging.getLogger().handlers) + list(logging.getLogger("torch_tweak").handlers)
+    loggers = [logging.getLogger()] + [lg for lg in list(logging.Logger.manager.loggerDict.values())
+                                       if isinstance(lg, logging.Logger)]
+    handlers = list({id(h): h for lg in loggers for h in lg.handlers}.values())
     for handler in handlers:
         if isinstance(handler, logging.StreamHandler) and _is_terminal_stderr(handler.stream) \
                 and "emit" not in vars(handler):
