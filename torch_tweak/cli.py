@@ -123,6 +123,9 @@ def _list_cache(root: Path) -> None:
             print(f"  reports/  {len(reports)} tuning reports, {_human(size)}{newest}")
             continue
         graphs = [g for g in sorted(entry.iterdir()) if g.is_dir() and not g.is_symlink()]
+        if not graphs:  # e.g. the demo's outputs
+            print(f"  {entry.name}/  {n} files, {_human(size)}")
+            continue
         builds = sum(1 for g in graphs for b in g.iterdir() if b.is_dir())
         print(f"  {entry.name}/  {len(graphs)} graphs, {builds} candidate builds, {n} files, {_human(size)}")
 
