@@ -279,6 +279,36 @@ class Backend(ABC):
     def from_dict(cls, module: nn.Module | None, state_dict: dict[str, Any]) -> Backend:
         """Creates a backend from a state_dict, in state CHECKPOINT_LOADED."""
 
+    def _common_state(self) -> dict[str, Any]:
+        """``type``, ``config``, ``graph_spec`` and ``device`` of a built backend, for :meth:`to_dict`."""
+        graph_spec = getattr(self, "_graph_spec", None)
+        config = getattr(self, "_config", None)
+        if graph_spec is None or config is None:
+            raise RuntimeError("Backend has not been properly initialized. Please call build() first.")
+        return {
+            self.STATE_TYPE: self.__class__.__name__,
+            self.STATE_CONFIG: config.to_dict(),
+            self.STATE_GRAPH_SPEC: graph_spec.to_dict(),
+            self.STATE_DEVICE: str(self._device) if self._device is not None else None,
+        }
+
+    @classmethod
+    def _from_common_state(
+        cls, state_dict: dict[str, Any], config_class: type[BackendConfig], module: nn.Module | None = None,
+        module_needed_because: str | None = None,
+    ) -> Any:
+        """Check ``type`` (and ``module`` when needed), then create the backend with its config, graph spec and
+        device, in state CHECKPOINT_LOADED; the caller restores what is specific to it."""
+        if state_dict.get(cls.STATE_TYPE) != cls.__name__:
+            raise ValueError(f"Invalid state_dict type: {state_dict.get(cls.STATE_TYPE)}")
+        if module_needed_because is not None and module is None:
+            raise ValueError(f"{cls.__name__}.from_dict needs the original module: {module_needed_because}.")
+        backend = cls(config=config_class.from_dict(state_dict[cls.STATE_CONFIG]))  # type: ignore[call-arg]
+        backend._graph_spec = GraphSpec.from_dict(state_dict[cls.STATE_GRAPH_SPEC])
+        backend._set_device(state_dict.get(cls.STATE_DEVICE))
+        backend.state = BackendState.CHECKPOINT_LOADED
+        return backend
+
     # implementation hooks ---------------------------------------------------------------------
 
     @abstractmethod

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import ConfigError
-from torch_tweak.torch.backend.backend import Backend, BackendConfig, BackendState
+from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.module._forward import original_forward
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample, dtype_name, flatten, unflatten
@@ -118,26 +118,12 @@ class TorchEagerBackend(Backend):
 
     def to_dict(self) -> dict[str, Any]:
         """Type, config, graph spec and device; the weights are the wrapped module's own."""
-        if self._graph_spec is None:
-            raise RuntimeError("Backend has not been properly initialized. Please call build() first.")
-        return {
-            self.STATE_TYPE: self.__class__.__name__,
-            self.STATE_CONFIG: self._config.to_dict(),
-            self.STATE_GRAPH_SPEC: self._graph_spec.to_dict(),
-            self.STATE_DEVICE: str(self._device) if self._device is not None else None,
-        }
+        return self._common_state()
 
     @classmethod
     def from_dict(cls, module: nn.Module | None, state_dict: dict[str, Any]) -> TorchEagerBackend:
         """Recreate the backend around ``module`` (required: eager runs the module's own weights)."""
-        if state_dict.get(cls.STATE_TYPE) != cls.__name__:
-            raise ValueError(f"Invalid state_dict type: {state_dict.get(cls.STATE_TYPE)}")
-        if module is None:
-            raise ValueError(f"{cls.__name__}.from_dict needs the original module: eager runs its weights.")
-        backend = cls(config=TorchEagerBackendConfig.from_dict(state_dict[cls.STATE_CONFIG]))
+        backend = cls._from_common_state(state_dict, TorchEagerBackendConfig, module, "eager runs its weights")
         backend._module = module
         backend._forward = original_forward(module)
-        backend._graph_spec = GraphSpec.from_dict(state_dict[cls.STATE_GRAPH_SPEC])
-        backend._set_device(state_dict.get(cls.STATE_DEVICE))
-        backend.state = BackendState.CHECKPOINT_LOADED
         return backend

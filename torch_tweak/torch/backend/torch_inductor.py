@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import BuildError, ConfigError, UnsupportedInputError
-from torch_tweak.torch.backend.backend import Backend, BackendConfig, BackendState
+from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.backend.torch_eager import (
     AUTOCAST_DTYPES,
     autocast_context,
@@ -260,25 +260,11 @@ class TorchInductorBackend(Backend):
 
     def to_dict(self) -> dict[str, Any]:
         """Type, config, graph spec and device (all JSON-able); no tensors and no artifact files."""
-        if self._graph_spec is None:
-            raise RuntimeError("Backend has not been properly initialized. Please call build() first.")
-        return {
-            self.STATE_TYPE: self.__class__.__name__,
-            self.STATE_CONFIG: self._config.to_dict(),
-            self.STATE_GRAPH_SPEC: self._graph_spec.to_dict(),
-            self.STATE_DEVICE: str(self._device) if self._device is not None else None,
-        }
+        return self._common_state()
 
     @classmethod
     def from_dict(cls, module: nn.Module | None, state_dict: dict[str, Any]) -> TorchInductorBackend:
         """Recreate the backend around ``module``; ``deploy`` compiles it (with inputs synthesized from the spec)."""
-        if state_dict.get(cls.STATE_TYPE) != cls.__name__:
-            raise ValueError(f"Invalid state_dict type: {state_dict.get(cls.STATE_TYPE)}")
-        if module is None:
-            raise ValueError(f"{cls.__name__}.from_dict needs the original module: Inductor compiles its forward.")
-        backend = cls(config=TorchInductorBackendConfig.from_dict(state_dict[cls.STATE_CONFIG]))
+        backend = cls._from_common_state(state_dict, TorchInductorBackendConfig, module, "Inductor compiles its forward")
         backend._module = module
-        backend._graph_spec = GraphSpec.from_dict(state_dict[cls.STATE_GRAPH_SPEC])
-        backend._set_device(state_dict.get(cls.STATE_DEVICE))
-        backend.state = BackendState.CHECKPOINT_LOADED
         return backend

@@ -21,7 +21,7 @@ from torch import nn
 
 from torch_tweak.errors import BuildError, ConfigError, ConversionError, UnsupportedDeviceError
 from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
-from torch_tweak.torch.backend.backend import Backend, BackendConfig, BackendState
+from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.backend.torch_inductor import build_failure, validate_inductor_options
 from torch_tweak.torch.module._forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec
@@ -164,27 +164,16 @@ class TorchInductorAOTBackend(Backend):
 
     def to_dict(self) -> dict[str, Any]:
         """Type, config, graph spec, device and the package file to store (a :class:`pathlib.Path`)."""
-        if self._graph_spec is None or self._package is None:
+        if self._package is None:
             raise RuntimeError("Backend has not been properly initialized. Please call build() first.")
-        return {
-            self.STATE_TYPE: self.__class__.__name__,
-            self.STATE_CONFIG: self._config.to_dict(),
-            self.STATE_GRAPH_SPEC: self._graph_spec.to_dict(),
-            self.STATE_DEVICE: str(self._device) if self._device is not None else None,
-            STATE_PACKAGE: self._package,
-        }
+        return {**self._common_state(), STATE_PACKAGE: self._package}
 
     @classmethod
     def from_dict(cls, module: nn.Module | None, state_dict: dict[str, Any]) -> TorchInductorAOTBackend:
         """Restore from :meth:`to_dict` output (``package`` is the extracted file); ``module`` is not needed."""
-        if state_dict.get(cls.STATE_TYPE) != cls.__name__:
-            raise ValueError(f"Invalid state_dict type: {state_dict.get(cls.STATE_TYPE)}")
+        backend = cls._from_common_state(state_dict, TorchInductorAOTBackendConfig)
         package = state_dict.get(STATE_PACKAGE)
         if not isinstance(package, (str, Path)):
             raise ValueError(f"{cls.__name__} state_dict needs the package path under {STATE_PACKAGE!r}.")
-        backend = cls(config=TorchInductorAOTBackendConfig.from_dict(state_dict[cls.STATE_CONFIG]))
-        backend._graph_spec = GraphSpec.from_dict(state_dict[cls.STATE_GRAPH_SPEC])
         backend._package = Path(package)
-        backend._set_device(state_dict.get(cls.STATE_DEVICE))
-        backend.state = BackendState.CHECKPOINT_LOADED
         return backend

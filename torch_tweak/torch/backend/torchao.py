@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import BackendUnavailableError, BuildError, ConfigError, UnsupportedInputError
-from torch_tweak.torch.backend.backend import Backend, BackendConfig, BackendState
+from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.backend.torch_inductor import build_failure, warm_up
 from torch_tweak.torch.module._forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec
@@ -317,25 +317,11 @@ class TorchAOBackend(Backend):
 
     def to_dict(self) -> dict[str, Any]:
         """Type, JSON-able config, graph spec and device; weights come from the wrapped module at deploy."""
-        if self._graph_spec is None:
-            raise RuntimeError("Backend has not been properly initialized. Please call build() first.")
-        return {
-            self.STATE_TYPE: self.__class__.__name__,
-            self.STATE_CONFIG: self._config.to_dict(),
-            self.STATE_GRAPH_SPEC: self._graph_spec.to_dict(),
-            self.STATE_DEVICE: str(self._device) if self._device is not None else None,
-        }
+        return self._common_state()
 
     @classmethod
     def from_dict(cls, module: nn.Module | None, state_dict: dict[str, Any]) -> TorchAOBackend:
         """Recreate the backend around ``module``; ``deploy`` quantizes and compiles it once."""
-        if state_dict.get(cls.STATE_TYPE) != cls.__name__:
-            raise ValueError(f"Invalid state_dict type: {state_dict.get(cls.STATE_TYPE)}")
-        if module is None:
-            raise ValueError(f"{cls.__name__}.from_dict needs the original module: its weights are quantized at deploy.")
-        backend = cls(config=TorchAOBackendConfig.from_dict(state_dict[cls.STATE_CONFIG]))
+        backend = cls._from_common_state(state_dict, TorchAOBackendConfig, module, "its weights are quantized at deploy")
         backend._module = module
-        backend._graph_spec = GraphSpec.from_dict(state_dict[cls.STATE_GRAPH_SPEC])
-        backend._set_device(state_dict.get(cls.STATE_DEVICE))
-        backend.state = BackendState.CHECKPOINT_LOADED
         return backend
