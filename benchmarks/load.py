@@ -70,13 +70,15 @@ def count_compilations() -> dict[str, int]:
     return counts
 
 
-def child(backend: str, checkpoint: str) -> None:
-    """Run in a fresh process: load, infer once, print timings and compilation counts as JSON."""
-    start = time.perf_counter()
+def child(backend: str, checkpoint: str, count: bool) -> None:
+    """Run in a fresh process: load, infer once, print timings (or compilation counts) as JSON.
+
+    Timed runs install no counters, because the counters import ``torch._inductor`` and ``torch.export``,
+    whose import time belongs to the load of the backends that need them.
+    """
     import torch_tweak.torch as tt
 
-    imported = time.perf_counter() - start
-    counts = count_compilations()
+    counts = count_compilations() if count else {}
     model = small_cnn(seed=1)
     x = torch.randn(1, 3, 32, 32)
     start = time.perf_counter()
@@ -85,12 +87,13 @@ def child(backend: str, checkpoint: str) -> None:
     with torch.no_grad():
         loaded(x)
     first_s = time.perf_counter() - start - load_s
-    from torch._dynamo.utils import counters
+    frames = 0
+    if "torch._dynamo" in sys.modules:  # read after timing: importing it here costs the timed part nothing
+        from torch._dynamo.utils import counters
 
-    frames = int(sum(counters["frames"].values()))
-    print(json.dumps({"import_s": imported, "load_s": load_s, "first_s": first_s, "compiles": counts,
-                      "dynamo_frames": frames, "state": loaded.state.name,
-                      "backend": sorted({type(b).__name__ for b in loaded.backends.values()})}))
+        frames = int(sum(counters["frames"].values()))
+    print(json.dumps({"load_s": load_s, "first_s": first_s, "compiles": counts, "dynamo_frames": frames,
+                      "state": loaded.state.name}))
 
 
 def tune_and_save(name: str, folder: Path) -> Path:
@@ -108,9 +111,10 @@ def main() -> None:
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--child", nargs=2, metavar=("BACKEND", "CHECKPOINT"), help=argparse.SUPPRESS)
+    parser.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(*args.child)
+        child(*args.child, args.count)
         return
     import torch_tweak.torch as tt
 
@@ -125,17 +129,17 @@ def main() -> None:
             continue
         cache = tempfile.mkdtemp(prefix=f"inductor_{name}_", dir=folder)
         runs = []
-        for _ in range(args.repeats + 1):
+        for i in range(args.repeats + 2):  # cold, timed repeats, then one run that counts compilations
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-            proc = subprocess.run([sys.executable, __file__, "--child", name, str(checkpoint)], env=env,
-                                  capture_output=True, text=True, timeout=900)
+            command = [sys.executable, __file__, "--child", name, str(checkpoint)] + (["--count"] if i > args.repeats else [])
+            proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
             if proc.returncode != 0:
                 raise SystemExit(f"{name}: the loading process failed:\n{proc.stderr[-3000:]}")
             runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        cold, warm = runs[0], runs[1:]
-        counts = {k: v for k, v in warm[0]["compiles"].items() if v}
-        if warm[0]["dynamo_frames"]:
-            counts["dynamo frames"] = warm[0]["dynamo_frames"]
+        cold, warm, counted = runs[0], runs[1:-1], runs[-1]
+        counts = {k: v for k, v in counted["compiles"].items() if v}
+        if counted["dynamo_frames"]:
+            counts["dynamo frames"] = counted["dynamo_frames"]
         compiled = "no" if not counts else "yes: " + ", ".join(f"{k} ×{v}" for k, v in counts.items())
         rows.append(
             f"| {name} | {cold['load_s'] + cold['first_s']:.2f} | {statistics.median(r['load_s'] for r in warm):.3f} | "

@@ -248,6 +248,10 @@ def test_failed_sums_rename_puts_the_previous_archive_back(saved, monkeypatch):
     monkeypatch.undo()
     assert (path.read_bytes(), archive.sums_path(path).read_bytes()) == before
     assert sorted(p.name for p in path.parent.iterdir()) == ["cache", "mlp.tt", "mlp_sha256_sums.txt"]
+    monkeypatch.setattr(writer.os, "replace", replace)
+    with pytest.raises(CheckpointError, match="I/O error"):
+        tt.save(wrapped, path.with_name("new.tt"))  # no previous checkpoint: no half pair is left either
+    assert sorted(p.name for p in path.parent.iterdir()) == ["cache", "mlp.tt", "mlp_sha256_sums.txt"]
 
 
 def test_save_refuses_bad_requests_before_writing(tmp_path):

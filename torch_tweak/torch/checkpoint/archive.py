@@ -213,7 +213,7 @@ class VerifiedArchive:
 
 
 @contextlib.contextmanager
-def open_verified(path: str | os.PathLike[str], hash_members: bool = True) -> Iterator[VerifiedArchive]:
+def open_verified(path: str | os.PathLike[str]) -> Iterator[VerifiedArchive]:
     """Open and fully verify the checkpoint at ``path`` (see the module docstring); raise CheckpointError."""
     path = Path(path)
     if not path.exists():
@@ -252,8 +252,7 @@ def open_verified(path: str | os.PathLike[str], hash_members: bool = True) -> It
         check_header(manifest, path)
         _check_file_table(path, manifest.get("files"), members, sums)
         archive.manifest = manifest
-        if hash_members:
-            archive.verify_members()
+        archive.verify_members()
         yield archive
     finally:
         if archive is not None:

@@ -92,15 +92,18 @@ class ArchiveWriter:
             _write_chunk(f, lines.encode("utf-8"))
             f.flush()
             os.fsync(f.fileno())
+        had_previous = self.target.exists()
         backup = self._backup_previous()
         try:
             os.replace(self._tmp, self.target)
             try:
                 os.replace(self._sums_tmp, self.sums_target)
-            except OSError:
-                if backup is not None:  # put the previous archive back so the pair stays consistent
+            except OSError:  # put the previous archive back (or remove the new one) so no half pair is left
+                if backup is not None:
                     os.replace(backup, self.target)
                     backup = None
+                elif not had_previous:
+                    self.target.unlink(missing_ok=True)
                 raise
         finally:
             if backup is not None:
