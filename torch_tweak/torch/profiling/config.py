@@ -63,13 +63,13 @@ class ProfilingConfig:
     """
 
     warmup_calls: int = 5
-    warmup_max_s: float = 0.5
+    warmup_max_s: float = 0.25
     window_size: int = 10
     cv_threshold: float = 0.05
     min_calls: int = 10
     min_time_s: float = 0.1
     max_calls: int = 1000
-    max_time_s: float = 1.0
+    max_time_s: float = 0.5
     saturation_threshold: float = 0.05
     saturation_patience: int = 1
     pause_s: float = 0.2
