@@ -4,6 +4,10 @@ Each candidate runs in its own block (build, fidelity check, pause, warm-up, mea
 thread pools of different runtimes never alternate calls. A candidate gets a time limit covering all
 of that; one that exceeds it is abandoned and reported as ``timeout``. Subclasses say which batch
 sizes to measure and how to score a sweep (:mod:`torch_tweak.torch.tune_strategy.measuring`).
+
+Limits of abandoning: Python cannot kill a thread. A measurement stops at its next call, but a call or
+a build that never returns keeps its thread (and, for a build, the redirection of stdout/stderr into
+its ``build.log``) until it does.
 """
 
 from __future__ import annotations
@@ -278,9 +282,10 @@ class MeasuringStrategy(TuneStrategy):
         if self.profiling.pause_s > 0:
             time.sleep(self.profiling.pause_s)
         spec = task.graph_spec
+        sample = copy.deepcopy(plan.sample)  # once per candidate: a backend that writes to its inputs stays alone
 
         def prepare(batch_size: int) -> Callable[[], Any]:
-            args, kwargs = resize_batch(plan.sample, spec, batch_size) if plan.batched else plan.sample
+            args, kwargs = resize_batch(sample, spec, batch_size) if plan.batched else sample
             return lambda: backend.infer(*args, **kwargs)
 
         with torch.no_grad():
