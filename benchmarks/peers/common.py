@@ -1,0 +1,126 @@
+"""Shared by every runner script: arguments, timing with repetitions, fidelity error, the JSON record.
+
+Imports only the standard library at module level (runners decide when torch or OpenVINO is imported,
+so import times can be measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))  # so `from peers import ...` works in any environment
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    """The arguments the driver passes to every runner."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--system", required=True)
+    parser.add_argument("--workload", required=True)
+    parser.add_argument("--phase", choices=("tune", "load", "dispatch"), default="tune")
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--reps", type=int, default=3, help="timed repetitions per batch size")
+    parser.add_argument("--rep-time", type=float, default=1.0, help="seconds of calls per repetition (about)")
+    parser.add_argument("--batches", default="", help="comma-separated batch sizes to measure")
+    parser.add_argument("--tune-batches", default="1,2", help="batch sizes the tuners see")
+    parser.add_argument("--artifact", type=Path, help="folder for what the tune phase saves and the load phase reads")
+    return parser.parse_args()
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """Median and spread (min, max) of repeated measurements."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    index = min(len(sorted_values) - 1, max(0, round(q / 100 * len(sorted_values) + 0.5) - 1))
+    return sorted_values[index]
+
+
+def time_calls(fn: Callable[[], Any], batch: int, reps: int, rep_time: float, pause_s: float = 0.0) -> dict[str, Any]:
+    """Time ``fn`` (one inference of ``batch`` samples) in ``reps`` repetitions of about ``rep_time`` seconds.
+
+    Warm-up runs first (at least 3 calls, at least 0.2 s, at most 30 calls). Each repetition gives the
+    p50 and p99 of its per-call latencies and its throughput (samples per second of wall time); the
+    result is the median of each over the repetitions with its spread.
+    """
+    start = time.perf_counter()
+    warm = 0
+    while warm < 3 or (time.perf_counter() - start < 0.2 and warm < 30):
+        fn()
+        warm += 1
+    per_call = (time.perf_counter() - start) / warm
+    calls = int(min(2000, max(5, rep_time / max(per_call, 1e-7))))
+    p50, p99, throughput = [], [], []
+    for _ in range(reps):
+        if pause_s:
+            time.sleep(pause_s)
+        times = []
+        begin = time.perf_counter()
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        wall = time.perf_counter() - begin
+        times.sort()
+        p50.append(percentile(times, 50) * 1e3)
+        p99.append(percentile(times, 99) * 1e3)
+        throughput.append(batch * calls / wall)
+    return {"calls_per_rep": calls, "p50_ms": summary(p50), "p99_ms": summary(p99), "throughput": summary(throughput)}
+
+
+def fidelity(output: Any, reference: Any) -> dict[str, float]:
+    """Max absolute error and the error relative to the reference's largest magnitude (torch tensors)."""
+    import torch
+
+    out = torch.as_tensor(output).detach().float().reshape(-1)
+    ref = torch.as_tensor(reference).detach().float().reshape(-1)
+    if out.shape != ref.shape:
+        raise ValueError(f"output shape {tuple(out.shape)} differs from eager's {tuple(ref.shape)}")
+    err = (out - ref).abs().max().item()
+    return {"max_abs": err, "rel": err / max(ref.abs().max().item(), 1e-12)}
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (``ru_maxrss``, KiB on Linux) in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def new_record(args: argparse.Namespace) -> dict[str, Any]:
+    """The record a runner fills in and :func:`finish` writes."""
+    return {"system": args.system, "workload": args.workload, "phase": args.phase, "ok": False, "error": None,
+            "notes": [], "batches": {}, "load_avg_start": os.getloadavg()[0], "started": time.time()}
+
+
+def finish(record: dict[str, Any], out: Path) -> None:
+    """Write the record (with the peak RSS and the load average at the end) as JSON."""
+    record["maxrss_mb"] = peak_rss_mb()
+    record["load_avg_end"] = os.getloadavg()[0]
+    record["wall_s"] = time.time() - record["started"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1, default=str))
+
+
+def run_guarded(record: dict[str, Any], out: Path, body: Callable[[], None]) -> None:
+    """Run ``body``; any exception becomes the record's error (type, message, traceback tail)."""
+    try:
+        body()
+        record["ok"] = record["error"] is None
+    except BaseException as exc:  # noqa: BLE001 - a failing system is a result, not a crash
+        message = str(exc).strip().splitlines()
+        record["error"] = f"{type(exc).__name__}: {message[0] if message else ''}"[:300]
+        record["traceback"] = traceback.format_exc()[-4000:]
+    finish(record, out)

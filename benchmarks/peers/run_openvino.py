@@ -1,0 +1,121 @@
+"""Runner: OpenVINO configured by hand as its documentation recommends (no torch_tweak involved).
+
+    python run_openvino.py --system {ov_throughput,ov_latency} --workload W --phase {tune,load} ...
+
+``tune``: ``ov.convert_model`` (example input, dynamic shapes), ``ov.save_model`` (fp32 weights), then
+``core.compile_model`` with ``PERFORMANCE_HINT`` THROUGHPUT or LATENCY and the model cache (``CACHE_DIR``)
+switched on. THROUGHPUT is served through an ``AsyncInferQueue`` with the optimal number of parallel
+infer requests (throughput = samples completed per second; latency = submit-to-callback time of each
+request); LATENCY through one infer request called synchronously. OpenVINO's default precision for the
+CPU is kept (bf16 where the CPU has it), so the fidelity column shows what that costs. Timing runs on
+numpy inputs after a pause, with no torch call in between (torch and OpenVINO thread pools interfere).
+``load``: a fresh process that never imports torch compiles the saved IR (from the model cache) and
+runs one inference.
+"""
+
+from __future__ import annotations
+
+import time
+
+START = time.perf_counter()
+
+import common  # noqa: E402  (path set-up first, then the timed imports)
+
+
+def _compile(ov, source):
+    core = ov.Core()
+    core.set_property({"CACHE_DIR": str(args.artifact / "ov_cache")})
+    compiled = core.compile_model(source, "CPU", {"PERFORMANCE_HINT": HINT})
+    record["ov_config"] = {key: str(compiled.get_property(key)) for key in
+                           ("PERFORMANCE_HINT", "NUM_STREAMS", "OPTIMAL_NUMBER_OF_INFER_REQUESTS",
+                            "INFERENCE_PRECISION_HINT", "INFERENCE_NUM_THREADS")}
+    return compiled
+
+
+def _time_async(ov, compiled, feed, batch: int) -> dict:
+    """Throughput and per-request latency of an AsyncInferQueue kept full with the same input."""
+    queue = ov.AsyncInferQueue(compiled)
+    done: list[float] = []
+    queue.set_callback(lambda request, started: done.append(time.perf_counter() - started))
+    start = time.perf_counter()
+    warm = 0
+    while warm < 2 * len(queue) or (time.perf_counter() - start < 0.2 and warm < 60):
+        queue.start_async(feed, time.perf_counter(), share_inputs=True)
+        warm += 1
+    queue.wait_all()
+    per_request = (time.perf_counter() - start) / warm
+    count = int(min(4000, max(2 * len(queue), args.rep_time / max(per_request, 1e-7))))
+    p50, p99, throughput = [], [], []
+    for _ in range(args.reps):
+        done.clear()
+        begin = time.perf_counter()
+        for _ in range(count):
+            queue.start_async(feed, time.perf_counter(), share_inputs=True)
+        queue.wait_all()
+        wall = time.perf_counter() - begin
+        times = sorted(done)
+        p50.append(common.percentile(times, 50) * 1e3)
+        p99.append(common.percentile(times, 99) * 1e3)
+        throughput.append(batch * count / wall)
+    return {"calls_per_rep": count, "parallel_requests": len(queue), "p50_ms": common.summary(p50),
+            "p99_ms": common.summary(p99), "throughput": common.summary(throughput)}
+
+
+def tune() -> None:
+    """Convert, save, compile, check against eager, measure."""
+    import numpy as np
+    import openvino as ov
+    import torch
+
+    torch.set_num_threads(2)
+    from peers import workloads
+
+    model = workloads.build(args.workload, args.run_dir / f"{args.workload}.weights.pt")
+    inputs = workloads.load_inputs(args.run_dir, args.workload)
+    refs = torch.load(args.run_dir / f"{args.workload}.ref.pt", weights_only=True)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        ov_model = ov.convert_model(model, example_input=inputs["2"] if "2" in inputs else inputs["tune"][:2])
+    xml = args.artifact / "model.xml"
+    ov.save_model(ov_model, xml, compress_to_fp16=False)
+    compiled = _compile(ov, ov_model)
+    record["tune_s"] = time.perf_counter() - t0
+    record["selected"] = f"OpenVINO {HINT} ({record['ov_config']['INFERENCE_PRECISION_HINT']})"
+    del model
+    batches = [int(b) for b in args.batches.split(",")]
+    feeds = {b: {0: np.ascontiguousarray(inputs[str(b)].numpy())} for b in batches}
+    request = compiled.create_infer_request()
+    for b in batches:
+        out = request.infer(feeds[b])[0].copy()
+        record["batches"][str(b)] = {"fidelity": common.fidelity(torch.from_numpy(out), refs[str(b)])}
+    time.sleep(1.0)
+    for b in batches:
+        if HINT == "THROUGHPUT":
+            record["batches"][str(b)].update(_time_async(ov, compiled, feeds[b], b))
+        else:
+            feed = feeds[b]
+            record["batches"][str(b)].update(common.time_calls(lambda feed=feed: request.infer(feed, share_inputs=True),
+                                                               b, args.reps, args.rep_time))
+
+
+def load() -> None:
+    """Fresh process without torch: compile the saved IR (model cache warm) and run one inference."""
+    import numpy as np
+    import openvino as ov
+
+    record["import_s"] = time.perf_counter() - START
+    x = np.load(args.run_dir / f"{args.workload}.inputs.npz")["b1"]
+    t0 = time.perf_counter()
+    compiled = _compile(ov, str(args.artifact / "model.xml"))
+    compiled.create_infer_request().infer({0: x})
+    record["load_s"] = time.perf_counter() - t0
+    record["first_output_s"] = time.perf_counter() - START
+    record["selected"] = f"OpenVINO {HINT}"
+
+
+
+if __name__ == "__main__":  # guard: some peers start worker processes that re-import __main__
+    args = common.parse_args(__doc__.splitlines()[0])
+    record = common.new_record(args)
+    HINT = {"ov_throughput": "THROUGHPUT", "ov_latency": "LATENCY"}[args.system]
+    common.run_guarded(record, args.out, tune if args.phase == "tune" else load)
