@@ -128,11 +128,9 @@ class TorchInductorAOTBackend(Backend):
     def _load(self) -> None:
         if self._package is None or not self._package.is_file():
             raise BuildError(f"The AOTInductor package {self._package} does not exist; build the backend again.")
-        import torch._inductor
-
         index = self._device.index if self._device is not None and self._device.index is not None else -1
         try:
-            self._runner = torch._inductor.aoti_load_package(str(self._package), device_index=index)
+            self._runner = _load_package(self._package, index)
         except Exception as exc:
             raise build_failure(f"Loading the AOTInductor package {self._package} failed", exc, None) from exc
 
@@ -177,3 +175,28 @@ class TorchInductorAOTBackend(Backend):
             raise ValueError(f"{cls.__name__} state_dict needs the package path under {STATE_PACKAGE!r}.")
         backend._package = Path(package)
         return backend
+
+
+def _load_package(package: Path, device_index: int) -> Any:
+    """A callable running the package's model on flat input tensors.
+
+    ``torch._inductor.aoti_load_package`` imports Inductor and probes the CPU's vector ISA by compiling small
+    C++ programs (1-12 s) only to warn about a mismatch; the package loader it wraps takes ~10 ms. Use the
+    loader directly when this torch exposes it (the checkpoint layer checks CPU flags itself), else the
+    public function.
+    """
+    try:
+        from torch._C._aoti import AOTIModelPackageLoader
+    except ImportError:
+        loader = None
+    else:
+        try:
+            loader = AOTIModelPackageLoader(str(package), "model", False, 1, device_index)
+        except TypeError:  # a torch whose private loader has another signature
+            loader = None
+    if loader is None:
+        import torch._inductor
+
+        return torch._inductor.aoti_load_package(str(package), device_index=device_index)
+    run = loader.run
+    return lambda *leaves: run(list(leaves))
