@@ -69,3 +69,15 @@ def test_unrebuildable_objects_raise_clearly():
     leaves, spec = flatten((torch.ones(1), Opaque()))
     with pytest.raises(UnsupportedInputError, match="Cannot rebuild"):
         unflatten(spec, leaves)
+
+
+def test_json_spec_refuses_classes_that_do_not_fit_their_node():
+    import subprocess  # noqa: F401 - makes subprocess:Popen resolvable, as an attacker would hope
+
+    for node in (["seq", "subprocess:Popen", [["c", "echo"]]],
+                 ["ntuple", "builtins:tuple", []],
+                 ["map", "subprocess:Popen", [], []],
+                 ["dc", "collections:OrderedDict", [], []],
+                 ["u", "collections:OrderedDict", [], []]):
+        with pytest.raises(UnsupportedInputError, match="cannot stand for"):
+            spec_from_json(node)

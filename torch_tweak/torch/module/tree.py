@@ -59,6 +59,11 @@ def register_container(cls: type, fields: Callable[[Any], dict[str, Any]]) -> No
     register_type(cls)
 
 
+def is_container_type(cls: type) -> bool:
+    """True if ``cls`` was registered with :func:`register_container`."""
+    return cls in _CONTAINERS
+
+
 def _container_fields(obj: Any) -> Callable[[Any], dict[str, Any]] | None:
     if not _CONTAINERS:
         return None

@@ -6,13 +6,15 @@ Types are written as ``module:QualName`` and resolved on the way back only throu
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from torch_tweak.errors import UnsupportedInputError
 from torch_tweak.torch.module.dtypes import dtype_from_name
-from torch_tweak.torch.module.tree import TENSOR, Spec, qualified_name, resolve_type
+from torch_tweak.torch.module.tree import TENSOR, Spec, is_container_type, qualified_name, resolve_type
 
 
 def spec_to_json(spec: Spec) -> Any:
@@ -50,14 +52,40 @@ def spec_from_json(data: Any) -> Spec:
         if kind == "dict" and len(data) == 3 and len(data[1]) == len(data[2]):
             return (kind, tuple(_key(k) for k in data[1]), tuple(spec_from_json(s) for s in data[2]))
         if kind in ("ntuple", "seq") and len(data) == 3:
-            return (kind, resolve_type(data[1]), tuple(spec_from_json(s) for s in data[2]))
+            return (kind, _checked_type(kind, data[1]), tuple(spec_from_json(s) for s in data[2]))
         if kind in ("map", "dc", "u") and len(data) == 4 and len(data[2]) == len(data[3]):
-            return (kind, resolve_type(data[1]), tuple(_key(k) for k in data[2]), tuple(spec_from_json(s) for s in data[3]))
+            return (kind, _checked_type(kind, data[1]), tuple(_key(k) for k in data[2]),
+                    tuple(spec_from_json(s) for s in data[3]))
         if kind == "o" and len(data) == 2 and isinstance(data[1], str):
             return ("o", resolve_type(data[1]))
+    except UnsupportedInputError:
+        raise
     except TypeError as exc:
         raise UnsupportedInputError(f"Malformed structure spec node {data!r:.200}") from exc
     raise UnsupportedInputError(f"Malformed structure spec node {data!r:.200}")
+
+
+def _checked_type(kind: str, name: Any) -> type:
+    """Resolve ``name`` and check it is the kind of class the node rebuilds (never an arbitrary callable)."""
+    if not isinstance(name, str):
+        raise UnsupportedInputError(f"Malformed type name in structure spec: {name!r:.80}")
+    cls = resolve_type(name)
+    fits = {
+        "ntuple": issubclass(cls, tuple) and hasattr(cls, "_fields"),
+        "seq": issubclass(cls, (list, tuple)),
+        "map": issubclass(cls, Mapping),
+        "dc": dataclasses.is_dataclass(cls),
+        "u": is_container_type(cls),
+    }[kind]
+    if not fits:
+        raise UnsupportedInputError(
+            f"Type {name!r} cannot stand for a {_KIND_NAMES[kind]} in a structure spec; the spec is corrupt or crafted."
+        )
+    return cls
+
+
+_KIND_NAMES = {"ntuple": "namedtuple", "seq": "list or tuple subclass", "map": "mapping", "dc": "dataclass",
+               "u": "registered container"}
 
 
 def _key(k: Any) -> Any:
