@@ -82,6 +82,20 @@ def time_calls(fn: Callable[[], Any], batch: int, reps: int, rep_time: float, pa
     return {"calls_per_rep": calls, "p50_ms": summary(p50), "p99_ms": summary(p99), "throughput": summary(throughput)}
 
 
+def compare_calls(raw: Callable[[], Any], wrapped: Callable[[], Any], reps: int, rep_time: float) -> dict[str, Any]:
+    """Per-call time of ``raw`` and ``wrapped`` measured in alternating blocks (``reps`` each, same runtime).
+
+    Alternating keeps both sides exposed to the same machine state; each block is one repetition.
+    """
+    blocks: dict[str, list[dict[str, Any]]] = {"raw": [], "wrapped": []}
+    for _ in range(reps):
+        for name, fn in (("raw", raw), ("wrapped", wrapped)):
+            blocks[name].append(time_calls(fn, 1, 1, rep_time))
+    return {name: {"calls_per_rep": runs[0]["calls_per_rep"],
+                   **{key: summary([r[key]["median"] for r in runs]) for key in ("p50_ms", "p99_ms", "throughput")}}
+            for name, runs in blocks.items()}
+
+
 def fidelity(output: Any, reference: Any) -> dict[str, float]:
     """Max absolute error and the error relative to the reference's largest magnitude (torch tensors)."""
     import torch

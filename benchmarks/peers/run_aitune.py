@@ -174,8 +174,8 @@ def dispatch() -> None:
              ignore_failing_modules=False)
     x = torch.randn(1, 16)
     with torch.no_grad():
-        record["dispatch"] = {"raw": common.time_calls(lambda: raw(x), 1, args.reps, args.rep_time),
-                              "wrapped": common.time_calls(lambda: wrapped(x), 1, args.reps, args.rep_time),
+        timings = common.compare_calls(lambda: raw(x), lambda: wrapped(x), args.reps, args.rep_time)
+        record["dispatch"] = {**timings,
                               "raw_what": "the nn.Module called directly", "backend": "TorchEagerBackend"}
 
 

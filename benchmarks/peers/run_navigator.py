@@ -120,8 +120,8 @@ def dispatch() -> None:
     session = ort.InferenceSession(str(onnx_files[0]), providers=["CPUExecutionProvider"])
     x = torch.randn(1, 16).numpy()
     feed = {name: x}
-    record["dispatch"] = {"raw": common.time_calls(lambda: session.run(None, feed), 1, args.reps, args.rep_time),
-                          "wrapped": common.time_calls(lambda: runner.infer(feed), 1, args.reps, args.rep_time),
+    timings = common.compare_calls(lambda: session.run(None, feed), lambda: runner.infer(feed), args.reps, args.rep_time)
+    record["dispatch"] = {**timings,
                           "raw_what": "an onnxruntime InferenceSession on navigator's ONNX file (default options)",
                           "backend": type(runner).__name__}
 

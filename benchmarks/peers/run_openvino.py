@@ -26,7 +26,7 @@ def _compile(ov, source):
     core = ov.Core()
     core.set_property({"CACHE_DIR": str(args.artifact / "ov_cache")})
     compiled = core.compile_model(source, "CPU", {"PERFORMANCE_HINT": HINT})
-    record["ov_config"] = {key: str(compiled.get_property(key)) for key in
+    record["ov_config"] = {key: str(compiled.get_property(key)).replace("<Type: '", "").replace("'>", "") for key in
                            ("PERFORMANCE_HINT", "NUM_STREAMS", "OPTIMAL_NUMBER_OF_INFER_REQUESTS",
                             "INFERENCE_PRECISION_HINT", "INFERENCE_NUM_THREADS")}
     return compiled

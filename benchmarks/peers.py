@@ -1,0 +1,181 @@
+"""torch_tweak against the tools users would pick instead, in one run on this machine, with the same inputs.
+
+    python benchmarks/peers.py --quick    # a few minutes: the MLP in full, the CNN and the encoder at batch 1
+    python benchmarks/peers.py --full     # every workload and batch size, fresh compiler caches, more repetitions
+
+Systems: eager PyTorch; ``torch.compile`` (Inductor); ``torch.compile(backend="openvino")``; OpenVINO set up by
+hand for throughput (THROUGHPUT hint, AsyncInferQueue) and for latency (LATENCY hint, one request); NVIDIA
+AITune 0.6 and Triton Model Navigator 0.14, each in its own virtual environment under
+``benchmarks/.peer_envs/`` (built on first use, reused afterwards); torch_tweak's ``tt.tune`` with
+``HighestThroughputStrategy`` over every available backend, and its checkpoint after ``tt.save`` ->
+``tt.load`` in a fresh process. Workloads: a ResNet-50-shaped CNN at 224x224, a BERT-base-shaped encoder
+at sequence 128 and a small MLP, random weights. Every measurement runs in its own process (see
+``benchmarks/peers/``); the tables go to ``benchmarks/results/peers_<mode>.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from peers import envs, report  # noqa: E402
+from peers.systems import BY_KEY, MODES, SYSTEMS, Mode, System  # noqa: E402
+from peers.workloads import WORKLOADS  # noqa: E402
+
+RUN_DIR = HERE / ".peer_envs" / "run"
+CACHE_DIR = HERE / ".peer_envs" / "cache"
+
+
+def log(message: str) -> None:
+    """One progress line on stdout with the time and the machine's load."""
+    print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:4.1f}] {message}", flush=True)
+
+
+class Driver:
+    """Runs the runner scripts in subprocesses and collects their records."""
+
+    def __init__(self, mode: Mode, python: dict[str, Path | None], env_errors: dict[str, str]) -> None:
+        self.mode = mode
+        self.python = python
+        self.env_errors = env_errors
+        self.processes: list[dict[str, Any]] = []
+
+    def _env(self, system: System, workload: str) -> dict[str, str]:
+        root = CACHE_DIR if not self.mode.fresh_compiler_cache else RUN_DIR / "cache"
+        cache = root / "inductor" / f"{system.key.replace('_loaded', '')}_{workload}"
+        return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1",
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                "PYTHONUNBUFFERED": "1"}
+
+    def run(self, system: System, workload: str, phase: str, batches: list[int], tag: str = "") -> dict[str, Any]:
+        """Run one runner process; a crash, a timeout or a missing environment becomes an error record."""
+        name = f"{system.key}_{workload}_{phase}{tag}"
+        out = RUN_DIR / "records" / f"{name}.json"
+        out.unlink(missing_ok=True)
+        env_name = system.env
+        python = self.python.get(env_name) if env_name else Path(sys.executable)
+        base = {"system": system.key, "workload": workload, "phase": phase, "ok": False, "batches": {}, "notes": []}
+        if python is None:
+            return {**base, "error": self.env_errors.get(env_name or "", "environment unavailable")}
+        artifact = RUN_DIR / "artifacts" / f"{system.key.replace('_loaded', '')}_{workload}"
+        artifact.mkdir(parents=True, exist_ok=True)
+        command = [str(python), str(HERE / "peers" / system.runner), "--system", system.key, "--workload", workload,
+                   "--phase", phase, "--run-dir", str(RUN_DIR), "--out", str(out), "--artifact", str(artifact),
+                   "--reps", str(self.mode.dispatch_reps if phase == "dispatch" else self.mode.reps),
+                   "--rep-time", str(self.mode.rep_time), "--batches", ",".join(map(str, batches)),
+                   "--tune-batches", ",".join(map(str, self.mode.tune_batches.get(workload, [1, 2])))]
+        log_path = RUN_DIR / "logs" / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        try:
+            with open(log_path, "w") as handle:
+                proc = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=self._env(system, workload),
+                                      timeout=self.mode.timeout_s, cwd=HERE / "peers")
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            code = None
+        wall = time.perf_counter() - start
+        self.processes.append({"name": name, "wall_s": wall, "exit": code})
+        if out.is_file():
+            record = json.loads(out.read_text())
+        elif code is None:
+            record = {**base, "error": f"timed out after {self.mode.timeout_s:.0f} s (log: {log_path.name})"}
+        else:
+            tail = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()][-1:]
+            record = {**base, "error": f"process exited with {code}: {tail[0][:200] if tail else ''}"}
+        status = "ok" if record.get("ok") else f"FAILED: {record.get('error')}"
+        log(f"{name}: {wall:.0f} s, {status}")
+        return record
+
+
+def run_workload(driver: Driver, workload: str, systems: list[System]) -> dict[str, Any]:
+    """Eager first (it writes the reference outputs), then every system's tune phase, then the loads."""
+    batches = driver.mode.batches[workload]
+    results: dict[str, Any] = {}
+    eager = driver.run(BY_KEY["eager"], workload, "tune", batches)
+    results["eager"] = {"tune": eager, "loads": []}
+    if not eager.get("ok"):
+        return results
+    for system in systems:
+        if system.key in ("eager", "tt_loaded"):
+            continue
+        results[system.key] = {"tune": driver.run(system, workload, "tune", batches), "loads": []}
+    for system in systems:
+        tuned = results.get(system.key.replace("_loaded", ""), {}).get("tune", {})
+        if system.key == "tt_loaded" and "tt" in results:
+            record = driver.run(system, workload, "load", batches) if tuned.get("ok") else {
+                "system": "tt_loaded", "workload": workload, "ok": False, "batches": {}, "error": "tt.tune failed"}
+            results["tt_loaded"] = {"tune": record, "loads": []}
+            results["tt"]["loads"].append(record)
+        if not system.load or not tuned.get("ok"):
+            continue
+        for i in range(driver.mode.load_reps - (1 if system.key == "tt" else 0)):
+            load_system = BY_KEY["tt_loaded"] if system.key == "tt" else system
+            results[system.key]["loads"].append(driver.run(load_system, workload, "load", [], tag=f"_{i}"))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quick", action="store_const", const="quick", dest="mode", help="the default")
+    group.add_argument("--full", action="store_const", const="full", dest="mode")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="subset, comma-separated")
+    parser.add_argument("--systems", default=",".join(s.key for s in SYSTEMS), help="subset, comma-separated")
+    parser.add_argument("--out-dir", type=Path, default=HERE / "results")
+    args = parser.parse_args()
+    mode = MODES[args.mode or "quick"]
+    start = time.perf_counter()
+    wanted = [BY_KEY[k] for k in args.systems.split(",")]
+    if "eager" not in [s.key for s in wanted]:
+        wanted.insert(0, BY_KEY["eager"])
+    log(f"mode {mode.name}; workloads {args.workloads}; {os.cpu_count()} CPUs")
+    shutil.rmtree(RUN_DIR, ignore_errors=True)
+    RUN_DIR.mkdir(parents=True)
+    python: dict[str, Path | None] = {}
+    env_errors: dict[str, str] = {}
+    env_info: dict[str, Any] = {}
+    for name in sorted({s.env for s in wanted if s.env}):
+        log(f"peer environment {name}: checking (built on first use, a few minutes)")
+        env = envs.ensure(name)
+        python[name], env_info[name] = env.python, {"built_now": env.built_now, "build_s": env.build_s,
+                                                      "error": env.error}
+        if env.error:
+            env_errors[name] = env.error
+        log(f"peer environment {name}: {'ready' if env.python else env.error}"
+            + (f" (built in {env.build_s:.0f} s)" if env.built_now else ""))
+    driver = Driver(mode, python, env_errors)
+    dispatch = {s.key: driver.run(s, "tiny", "dispatch", []) for s in wanted if s.dispatch}
+    results = {}
+    for workload in args.workloads.split(","):
+        log(f"workload {workload}: preparing weights and inputs")
+        subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(HERE)!r}); from pathlib import "
+                        f"Path; from peers import workloads; workloads.prepare(Path({str(RUN_DIR)!r}), {workload!r})"],
+                       check=True, env={**os.environ, "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"},
+                       stderr=subprocess.DEVNULL)
+        results[workload] = run_workload(driver, workload, wanted)
+    meta = report.environment(mode, time.perf_counter() - start, " ".join(["python", "benchmarks/peers.py",
+                                                                          *sys.argv[1:]]))
+    meta.update({"peer_envs": env_info, "processes": driver.processes})
+    data = report.assemble(meta, mode, dispatch, results)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = args.out_dir / f"peers_{mode.name}"
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=1, default=str))
+    markdown = report.markdown(data)
+    stem.with_suffix(".md").write_text(markdown)
+    print(markdown)
+    log(f"done in {time.perf_counter() - start:.0f} s: {stem}.json, {stem}.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The systems compared, the run modes (quick, full) and what each mode measures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class System:
+    """One way of running a workload: which runner script, in which environment, with which phases."""
+
+    key: str
+    title: str
+    runner: str
+    env: str | None = None  # None: the project's environment; else a peer environment (peers.envs)
+    load: bool = True  # has a fresh-process load phase
+    dispatch: bool = False  # has a wrapper-overhead measurement
+    peer: bool = True  # counts as a peer for the "x best peer" ratio
+
+
+SYSTEMS: list[System] = [
+    System("eager", "eager PyTorch", "run_torch.py", peer=False),
+    System("inductor", "torch.compile (Inductor, default mode)", "run_torch.py"),
+    System("ov_compile", 'torch.compile(backend="openvino")', "run_torch.py"),
+    System("ov_throughput", "OpenVINO by hand: THROUGHPUT hint, AsyncInferQueue", "run_openvino.py"),
+    System("ov_latency", "OpenVINO by hand: LATENCY hint, 1 request", "run_openvino.py"),
+    System("aitune", "NVIDIA AITune 0.6 (MaxThroughputStrategy, CPU backends)", "run_aitune.py", env="aitune",
+           dispatch=True),
+    System("navigator", "Triton Model Navigator 0.14 (optimize, MaxThroughput runner)", "run_navigator.py",
+           env="navigator", dispatch=True),
+    System("tt", "torch_tweak tt.tune (HighestThroughputStrategy, all backends)", "run_tt.py", dispatch=True,
+           peer=False),
+    System("tt_loaded", "torch_tweak after tt.save -> tt.load (fresh process)", "run_tt.py", load=False, peer=False),
+]
+BY_KEY = {s.key: s for s in SYSTEMS}
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How much a run measures."""
+
+    name: str
+    batches: dict[str, list[int]]  # workload -> measured batch sizes
+    tune_batches: dict[str, list[int]]  # workload -> batch sizes the tuners see
+    reps: int  # timed repetitions per batch size
+    rep_time: float  # seconds of calls per repetition
+    load_reps: int  # fresh load processes per system
+    timeout_s: float  # per runner process
+    dispatch_reps: int = 5
+    skipped: list[str] = field(default_factory=list)
+    fresh_compiler_cache: bool = True
+
+
+QUICK = Mode(
+    "quick",
+    batches={"mlp": [1, 32], "resnet50": [1], "bert": [1]},
+    tune_batches={"mlp": [1, 2, 4, 8, 16, 32], "resnet50": [1, 2], "bert": [1, 2]},
+    reps=3, rep_time=0.3, load_reps=1, timeout_s=420, dispatch_reps=3,
+    skipped=["ResNet-50 at batch 32 and the encoder at batch 8 are not measured",
+             "the CNN and the encoder are tuned at batch sizes 1 and 2 only (full: up to 32 and 8)",
+             "one repetition of each fresh-process load (full: 3)",
+             "compiler caches persist between quick runs (benchmarks/.peer_envs/cache), so tuning and load times "
+             "after the first quick run are warm-cache times; --full starts every system from empty caches"],
+    fresh_compiler_cache=False,
+)
+FULL = Mode(
+    "full",
+    batches={"mlp": [1, 32], "resnet50": [1, 32], "bert": [1, 8]},
+    tune_batches={"mlp": [1, 2, 4, 8, 16, 32], "resnet50": [1, 2, 4, 8, 16, 32], "bert": [1, 2, 4, 8]},
+    reps=5, rep_time=1.0, load_reps=3, timeout_s=1500,
+)
+MODES = {"quick": QUICK, "full": FULL}
