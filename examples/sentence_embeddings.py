@@ -5,6 +5,10 @@
 
 from __future__ import annotations
 
+import gc
+import tempfile
+from pathlib import Path
+
 import torch
 
 import torch_tweak.torch as tt
@@ -31,6 +35,13 @@ def main() -> None:
 
     tuned = embed(encoder, batch)
     print("cosine similarity to eager embeddings:", torch.nn.functional.cosine_similarity(tuned, reference).tolist())
+
+    path = Path(tempfile.mkdtemp()) / "encoder.tt"
+    tt.save(encoder, path)
+    del encoder, model, report  # names are unique per process: free "BertModel" before loading a second copy
+    gc.collect()
+    restored = tt.load(tiny_bert(), path)  # a freshly built model; the checkpoint brings the tuned backends
+    print("saved to", path, "- restored model matches:", torch.allclose(embed(restored, batch), tuned, atol=1e-5))
 
 
 if __name__ == "__main__":
