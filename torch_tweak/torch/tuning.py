@@ -147,11 +147,7 @@ def tune_module(
             if backend.state.name == "ACTIVE":
                 backend.deactivate()
         raise
-    module._tt_routes = {graph.key: backend for graph, backend in zip(recorders, built)}
-    module._tt_graphs = specs
-    module._tt_phases = any(spec.phase is not None for spec in specs)
-    module._tt_recorder = None
-    module._tt_state = ModuleState.TUNED
+    module._tt_set_tuned(specs, {graph.key: backend for graph, backend in zip(recorders, built)})
     report.status = "tuned"
     _offload(module, built)
     return report

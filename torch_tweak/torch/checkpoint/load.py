@@ -230,12 +230,8 @@ def _restore(plan: _Plan, holder: _Extracted, journal: list[Callable[[], None]])
         logger.warning("Module %s runs its original code: %s.", entry.name, plan.fallback)
         proxy._tt_routes, proxy._tt_graphs, proxy._tt_state = {}, [], ModuleState.PASSTHROUGH
     else:
-        proxy._tt_routes = dict(zip(plan.keys, plan.backends))
-        proxy._tt_graphs = list(plan.specs)
-        proxy._tt_state = ModuleState.TUNED
+        proxy._tt_set_tuned(list(plan.specs), dict(zip(plan.keys, plan.backends)))
         proxy._tt_checkpoint = holder
-        if any(getattr(s, "phase", None) is not None for s in plan.specs):
-            proxy._tt_phases = True
     proxy._tt_recorder = None
     proxy._tt_offloaded = False
     return proxy

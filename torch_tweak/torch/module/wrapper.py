@@ -90,6 +90,7 @@ class Module:
         object.__setattr__(self, "_tt_graphs", [])
         object.__setattr__(self, "_tt_offloaded", False)
         object.__setattr__(self, "_tt_phases", False)
+        object.__setattr__(self, "_tt_strict_key", True)
         object.__setattr__(self, "_tt_tls", threading.local())
         object.__setattr__(self, "_tt_original", _forward.original_forward(module))
         _forward.install(module, _Interceptor(self))
@@ -193,6 +194,15 @@ class Module:
         self._tt_routes.clear()
         self._tt_state = ModuleState.PASSTHROUGH
 
+    def _tt_set_tuned(self, graphs: list[GraphSpec], routes: dict[tuple[Any, ...], Any]) -> None:
+        """Enter TUNED: ``routes`` maps each graph's key to its backend (same order as ``graphs``)."""
+        self._tt_routes = dict(routes)
+        self._tt_graphs = list(graphs)
+        self._tt_phases = any(g.phase is not None for g in graphs)
+        self._tt_strict_key = graphs[0].strict if graphs else _config.strict_mode
+        self._tt_recorder = None
+        self._tt_state = ModuleState.TUNED
+
     # dispatch -----------------------------------------------------------------------------------
 
     def _tt_dispatch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -203,19 +213,16 @@ class Module:
         try:
             if self._tt_state is ModuleState.TUNED:
                 routes = self._tt_routes
-                backend = routes.get(graph_key(args, kwargs, self._tt_strict(), self._tt_phases))
+                backend = routes.get(graph_key(args, kwargs, self._tt_strict_key, self._tt_phases))
                 if backend is None:
                     return self._tt_unknown(args, kwargs)
                 return backend.infer(*args, **kwargs)
             session = current_session()
-            if session is None or self._tt_state is ModuleState.TUNED:
+            if session is None:
                 return self._tt_original(*args, **kwargs)
             return self._tt_record(session, args, kwargs)
         finally:
             tls.busy = False
-
-    def _tt_strict(self) -> bool:
-        return self._tt_graphs[0].strict if self._tt_graphs else _config.strict_mode
 
     def _tt_record(self, session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._tt_session_id != session.id or self._tt_recorder is None:
