@@ -1,6 +1,6 @@
 """torch_tweak against the tools users would pick instead, in one run on this machine, with the same inputs.
 
-    python benchmarks/peers.py --quick    # a few minutes: the MLP in full, the CNN and the encoder at batch 1
+    python benchmarks/peers.py --quick    # < 10 min: every system on the MLP; the CNN and the encoder at batch 1
     python benchmarks/peers.py --full     # every workload and batch size, fresh compiler caches, more repetitions
 
 Systems: eager PyTorch; ``torch.compile`` (Inductor); ``torch.compile(backend="openvino")``; OpenVINO set up by
@@ -106,6 +106,7 @@ def run_workload(driver: Driver, workload: str, systems: list[System]) -> dict[s
     results["eager"] = {"tune": eager, "loads": []}
     if not eager.get("ok"):
         return results
+    systems = [s for s in systems if s.key not in driver.mode.skip.get(workload, ())]
     for system in systems:
         if system.key in ("eager", "tt_loaded"):
             continue
@@ -133,7 +134,15 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="subset, comma-separated")
     parser.add_argument("--systems", default=",".join(s.key for s in SYSTEMS), help="subset, comma-separated")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
+    parser.add_argument("--from-json", type=Path, help="only rewrite the Markdown of an earlier run's JSON")
     args = parser.parse_args()
+    if args.from_json:
+        old = json.loads(args.from_json.read_text())
+        data = report.assemble(old["meta"], MODES[old["meta"]["mode"]], old["dispatch"], old["records"])
+        args.from_json.write_text(json.dumps(data, indent=1, default=str))
+        args.from_json.with_suffix(".md").write_text(report.markdown(data))
+        print(report.markdown(data))
+        return
     mode = MODES[args.mode or "quick"]
     start = time.perf_counter()
     wanted = [BY_KEY[k] for k in args.systems.split(",")]

@@ -58,27 +58,63 @@ def _row(workload: str, key: str, entry: dict[str, Any], batch: int) -> dict[str
             "load_avg": [record.get("load_avg_start"), record.get("load_avg_end")]}
 
 
+FAITHFUL = 1e-2  # max rel err below which a peer counts as "faithful" in the summary lines
+METRICS = (("throughput", max, lambda value, ref: value / ref), ("p50_ms", min, lambda value, ref: ref / value),
+           ("p99_ms", min, lambda value, ref: ref / value))
+
+
+def _ratios(row: dict[str, Any], eager: dict[str, Any] | None, peers: list[dict[str, Any]]) -> None:
+    """Speed-ups (higher is better) of ``row`` over eager and over the best peer, per metric."""
+    row["vs_eager"], row["vs_best_peer"], row["best_peer"] = {}, {}, {}
+    for metric, pick, speedup in METRICS:
+        value = row[metric]["median"]
+        if eager:
+            row["vs_eager"][metric] = speedup(value, eager[metric]["median"])
+        best = pick(peers, key=lambda r, m=metric: r[m]["median"], default=None)
+        if best:
+            row["vs_best_peer"][metric] = speedup(value, best[metric]["median"])
+            row["best_peer"][metric] = best["system"]
+
+
 def assemble(meta: dict[str, Any], mode: Mode, dispatch: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
-    """Rows per workload, batch size and system with throughput ratios to eager and to the best peer."""
+    """Rows per workload, batch size and system with speed-ups over eager and over the best peer."""
     rows = []
     for workload, entries in results.items():
         for batch in mode.batches[workload]:
             batch_rows = [_row(workload, s.key, entries[s.key], batch) for s in SYSTEMS if s.key in entries]
             eager = next((r for r in batch_rows if r["system"] == "eager" and r["ok"]), None)
             peers = [r for r in batch_rows if r["ok"] and BY_KEY[r["system"]].peer]
-            best = max(peers, key=lambda r: r["throughput"]["median"], default=None)
             for row in batch_rows:
                 if row["ok"]:
-                    value = row["throughput"]["median"]
-                    row["vs_eager"] = value / eager["throughput"]["median"] if eager else None
-                    row["vs_best_peer"] = value / best["throughput"]["median"] if best else None
-                    row["best_peer"] = best["system"] if best else None
+                    _ratios(row, eager, peers)
             rows.extend(batch_rows)
     notes = {w: {k: {"error": e["tune"].get("error"), "candidates": e["tune"].get("candidates"),
                      "measured_runners": e["tune"].get("measured_runners"), "ov_config": e["tune"].get("ov_config"),
                      "load_errors": [r.get("error") for r in e.get("loads", []) if not r.get("ok")]}
                  for k, e in entries.items()} for w, entries in results.items()}
     return {"meta": meta, "dispatch": dispatch, "rows": rows, "notes": notes, "records": results}
+
+
+def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per workload and batch: the best peer, the best faithful peer and torch_tweak's ratio to each."""
+    out = []
+    keys = list(dict.fromkeys((r["workload"], r["batch"]) for r in rows))
+    for workload, batch in keys:
+        group = [r for r in rows if (r["workload"], r["batch"]) == (workload, batch) and r["ok"]]
+        peers = [r for r in group if BY_KEY[r["system"]].peer]
+        faithful = [r for r in peers if r["fidelity"] and r["fidelity"]["rel"] <= FAITHFUL]
+        tt = next((r for r in group if r["system"] == "tt"), None)
+        parts = []
+        for label, pool in (("best peer", peers), (f"best peer within {FAITHFUL:.0e} rel err", faithful)):
+            best = max(pool, key=lambda r: r["throughput"]["median"], default=None)
+            if best is None:
+                parts.append(f"{label}: none")
+                continue
+            ratio = f", torch_tweak {tt['throughput']['median'] / best['throughput']['median']:.2f}x" if tt else ""
+            parts.append(f"{label}: {best['title']} ({best['throughput']['median']:,.0f}/s, rel err "
+                         f"{best['fidelity']['rel']:.1e}{ratio})")
+        out.append(f"* {WORKLOADS[workload].title}, batch {batch}: " + "; ".join(parts) + ".")
+    return out
 
 
 def _pm(summary: dict[str, float] | None, digits: int = 0, scale: float = 1.0) -> str:
@@ -98,7 +134,7 @@ def _ms(summary: dict[str, float] | None) -> str:
     return f"{value:.3f}" if value < 1 else f"{value:.2f}" if value < 100 else f"{value:.0f}"
 
 
-def _ratio(value: float | None) -> str:
+def _ratio(value: float | None) -> str:  # noqa: D103
     return "–" if value is None else f"{value:.2f}x"
 
 
@@ -107,16 +143,52 @@ def _short(text: str | None, limit: int = 70) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _speed_table(rows: list[dict[str, Any]]) -> list[str]:
+    head = ["system", "samples/s", "x eager", "x best peer", "p50 ms", "x eager", "x best peer", "p99 ms", "x eager",
+            "x best peer"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if not r["ok"]:
+            lines.append(f"| {r['title']} | failed |" + " – |" * (len(head) - 2))
+            continue
+        cells = [r["title"]]
+        for metric, digits in (("throughput", 0), ("p50_ms", None), ("p99_ms", None)):
+            cells += [_pm(r[metric]) if digits == 0 else _ms(r[metric]), _ratio(r["vs_eager"].get(metric)),
+                      _ratio(r["vs_best_peer"].get(metric))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _cost_table(rows: list[dict[str, Any]]) -> list[str]:
+    head = ["system", "runs", "max rel err vs eager", "tune s", "load→1st output s", "peak RSS MB tune / serve"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key in dict.fromkeys(r["system"] for r in rows):
+        srows = [r for r in rows if r["system"] == key]
+        first = srows[0]
+        if not any(r["ok"] for r in srows):
+            lines.append(f"| {first['title']} | failed: {_short(first['error'])} |" + " – |" * (len(head) - 2))
+            continue
+        errors = [r["fidelity"]["rel"] for r in srows if r.get("fidelity")]
+        serve = first["maxrss_serve_mb"]
+        tune_rss = f"{first['maxrss_tune_mb']:.0f}" if first["maxrss_tune_mb"] else "–"
+        lines.append("| " + " | ".join([
+            first["title"], _short(first["selected"], 50), f"{max(errors):.1e}" if errors else "–",
+            f"{first['tune_s']:.1f}" if first["tune_s"] is not None else "–", _pm(first["first_output_s"], 2),
+            f"{tune_rss} / {serve['median']:.0f}" if serve else f"{tune_rss} / –"]) + " |")
+    return lines
+
+
 def markdown(data: dict[str, Any]) -> str:
-    """The tables: dispatch overhead, then one table per workload, then notes."""
+    """The tables: dispatch overhead, then per workload one speed table per batch size and a cost table; notes."""
     meta, rows = data["meta"], data["rows"]
     v = meta["versions"]
     lines = [f"Run `{meta['command']}` on {meta['date']}: {meta['cpu']}, {meta['cpus']} CPUs, Python {meta['python']}, "
              f"torch {v['torch']}, OpenVINO {v['openvino']}, torchao {v['torchao']}, transformers {v['transformers']}, "
              f"AITune 0.6.0, Model Navigator 0.14.0; {meta['wall_s'] / 60:.1f} min wall. Load average during the "
              f"measurements {_load_range(rows)}.", ""]
-    lines += ["**Per-call dispatch overhead** (tiny MLP 16-16-4, batch 1, median of the repetitions ±half their range):",
-              "", "| wrapper | raw runtime | raw µs | through the wrapper µs | overhead µs |", "|---|---|---|---|---|"]
+    lines += ["**Per-call dispatch overhead** (tiny MLP 16-16-4, batch 1, p50 per call, median of the repetitions "
+              "±half their range):", "", "| wrapper | raw runtime | raw µs | through the wrapper µs | overhead µs |",
+              "|---|---|---|---|---|"]
     for key, record in data["dispatch"].items():
         d = record.get("dispatch")
         if not record.get("ok") or not d:
@@ -127,32 +199,12 @@ def markdown(data: dict[str, Any]) -> str:
                      f"{_pm(d['wrapped']['p50_ms'], 1, 1e3)} | {overhead:.1f} |")
     for workload in dict.fromkeys(r["workload"] for r in rows):
         wrows = [r for r in rows if r["workload"] == workload]
-        batches = list(dict.fromkeys(r["batch"] for r in wrows))
-        lines += ["", f"**{WORKLOADS[workload].title}**", ""]
-        head = ["system", "runs"]
-        for b in batches:
-            head += [f"bs{b} samples/s", "x eager", "x best peer", "p50 / p99 ms"]
-        head += ["max rel err", "tune s", "load→1st output s", "peak RSS MB tune / serve"]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for key in dict.fromkeys(r["system"] for r in wrows):
-            srows = [r for r in wrows if r["system"] == key]
-            first = srows[0]
-            if not any(r["ok"] for r in srows):
-                lines.append(f"| {first['title']} | failed: {_short(first['error'])} |" + " – |" * (len(head) - 2))
-                continue
-            cells = [first["title"], _short(first["selected"], 50)]
-            for r in srows:
-                cells += [_pm(r["throughput"]), _ratio(r.get("vs_eager")), _ratio(r.get("vs_best_peer")),
-                          f"{_ms(r['p50_ms'])} / {_ms(r['p99_ms'])}"] if r["ok"] else ["failed", "–", "–", "–"]
-            errors = [r["fidelity"]["rel"] for r in srows if r.get("fidelity")]
-            rss_serve = first["maxrss_serve_mb"]
-            cells += [f"{max(errors):.1e}" if errors else "–",
-                      f"{first['tune_s']:.1f}" if first["tune_s"] is not None else "–",
-                      _pm(first["first_output_s"], 2) if first["first_output_s"] else "–",
-                      f"{first['maxrss_tune_mb']:.0f}" if first["maxrss_tune_mb"] else "–"]
-            cells[-1] += f" / {rss_serve['median']:.0f}" if rss_serve else " / –"
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines + [""] + _notes(data)) + "\n"
+        for batch in dict.fromkeys(r["batch"] for r in wrows):
+            lines += ["", f"**{WORKLOADS[workload].title}, batch {batch}**", ""]
+            lines += _speed_table([r for r in wrows if r["batch"] == batch])
+        lines += ["", f"**{WORKLOADS[workload].title}: what each system runs and what it costs**", ""]
+        lines += _cost_table(wrows)
+    return "\n".join(lines + ["", "Summary:", ""] + summary_lines(rows) + [""] + _notes(data)) + "\n"
 
 
 def _load_range(rows: list[dict[str, Any]]) -> str:
@@ -166,8 +218,9 @@ def _notes(data: dict[str, Any]) -> list[str]:
            "* samples/s: samples per second of wall time over each repetition (OpenVINO THROUGHPUT: requests "
            "kept in flight by the AsyncInferQueue; every other system: one call after another); p50 / p99: per-call "
            "latency (THROUGHPUT: submit to completion); each figure is the median over the repetitions, ±half "
-           "their range. x best peer: against the fastest of torch.compile, OpenVINO (by hand or through "
-           "torch.compile), AITune and Model Navigator at the same batch size.",
+           "their range. x eager and x best peer are speed-ups (higher is better: throughput / reference, "
+           "reference latency / latency); the best peer is the best of torch.compile, OpenVINO (by hand or "
+           "through torch.compile), AITune and Model Navigator on that metric at that batch size.",
            "* max rel err: largest |output - eager| over the measured batches, divided by the largest |eager| "
            "output. OpenVINO computes in bf16 by default on CPUs that have it; TorchAO quantizes to int8.",
            "* tune s: wall time of tuning (torch.compile: compiling and the first call at each measured batch "

@@ -5,8 +5,11 @@
 AITune imports TensorRT unconditionally; on this CPU-only machine a stub module stands in for
 ``tensorrt`` (its classes can be subclassed but never instantiated), so the TensorRT backends are
 still unusable. The default strategy builds a CUDA-only backend, so the strategy is
-``MaxThroughputStrategy`` over the backends that run on CPU: TorchInductor JIT, TorchAO (int8
-weight-only) and TorchInductor AOT, with AITune's eager baseline and "must beat eager" gate. The AOT
+``MaxThroughputStrategy`` over the backends that run on CPU: TorchInductor JIT, TorchAO and TorchInductor
+AOT, with AITune's eager baseline and "must beat eager" gate. TorchAO uses the same settings as
+torch_tweak's TorchAO default (int8 dynamic activation + int8 weight, ``torch.compile`` default mode;
+AITune's own default is fp8 weight-only, which the CPU cannot run, compiled with ``max-autotune``, which
+takes minutes per model on 2 cores). The AOT
 backend loads its package with device index 0, which the CPU runner rejects; a one-line patch passes
 -1 on CPU (``inductor_aot_patched``). Profiling uses the common tuning batch sizes and 5 timed steps
 after 2 warm-up steps per batch size (AITune's default of 20 + 10 does not fit the time budget).
@@ -92,7 +95,7 @@ def _strategy(ait):
     patch_aot_device_index()
     profiling = ProfilingConfig(batch_sizes=[int(b) for b in args.tune_batches.split(",")],
                                 measurement_stop_strategy=NumStepsMeasuringStopStrategy(num_steps=5, warmup_samples=2))
-    backends = [TorchInductorJitBackend(), TorchAOBackend(TorchAOBackendConfig(quantization="int8wo")),
+    backends = [TorchInductorJitBackend(), TorchAOBackend(TorchAOBackendConfig(quantization="int8dq", mode="default")),
                 TorchInductorAotBackend()]
     return ait.MaxThroughputStrategy(backends=backends, profiling_config=profiling)
 
