@@ -263,3 +263,36 @@ def test_real_clock_eager_only_run_is_short():
     assert row.measurements["selection"]["throughput"] > 0
     x = torch.randn(2, 8)
     assert torch.equal(wrapped(x), mlp()(x))
+
+
+class _LowPrecision(TimedBackend):
+    """Fast, but its outputs are off (as bf16 can be on a deep random network); has an exact variant."""
+
+    @property
+    def executed_precision(self) -> str:
+        return "bf16"
+
+    def _infer(self, *args, **kwargs):
+        return super()._infer(*args, **kwargs) + 1.0
+
+    def precision_fallback(self):
+        return TimedBackend(self.clock, ms_per_call=self.timing.ms_per_call * 2, label="exact")
+
+
+def test_rejected_reduced_precision_candidate_gets_a_higher_precision_retry(clock):
+    low = _LowPrecision(clock, ms_per_call=0.2)
+    strat = strategy(tt.HighestThroughputStrategy, clock, [low], eager_ms=1.0)
+    _, _, graph = tune(strat)
+    statuses = [(c.backend, c.status) for c in graph.candidates]
+    assert statuses[1] == (low.describe(), "rejected") and "FidelityError" in graph.candidates[1].error
+    assert statuses[2] == ("TimedBackend(ms_per_call=0.4,label=exact)", "chosen")
+    assert graph.chosen == "TimedBackend(ms_per_call=0.4,label=exact)"
+
+
+def test_openvino_default_precision_has_an_f32_fallback():
+    pytest.importorskip("openvino")
+    from torch_tweak.torch.backend import OpenVINOBackend, OpenVINOBackendConfig
+
+    retry = OpenVINOBackend(OpenVINOBackendConfig(performance_hint="THROUGHPUT")).precision_fallback()
+    assert retry.describe() == "OpenVINOBackend(performance_hint=THROUGHPUT,inference_precision=f32)"
+    assert OpenVINOBackend(OpenVINOBackendConfig(inference_precision="bf16")).precision_fallback() is None

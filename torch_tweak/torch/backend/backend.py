@@ -158,6 +158,11 @@ class Backend(ABC):
         """The numeric precision inference actually runs in (``fp32``, ``bf16``, ``fp16``, ``int8``...)."""
         return "fp32"
 
+    def precision_fallback(self) -> Backend | None:
+        """An unbuilt copy that computes in higher precision, for a strategy to try when this backend's
+        outputs fail the fidelity check at reduced precision; None when there is no such variant."""
+        return None
+
     # state machine ----------------------------------------------------------------------------
 
     def build(

@@ -38,7 +38,7 @@ from torch_tweak.torch.profiling import (
     sweep,
 )
 from torch_tweak.torch.profiling.limit import run_with_time_limit
-from torch_tweak.torch.report.report import CHOSEN, INFER_FAILED, TIMEOUT, CandidateReport, GraphReport
+from torch_tweak.torch.report.report import CHOSEN, INFER_FAILED, REJECTED, TIMEOUT, CandidateReport, GraphReport
 from torch_tweak.torch.tune_strategy.base import (
     CandidateFailedError,
     GraphTask,
@@ -182,9 +182,15 @@ class MeasuringStrategy(TuneStrategy):
         plan = self._plan(task)
         evaluations: list[Evaluation] = []
         best: Evaluation | None = None
-        for template, role in self._templates():
+        queue = self._templates()
+        seen = {template.key() for template, _ in queue}
+        while queue:
+            template, role = queue.pop(0)
             evaluation = self._evaluate(template, task, role, plan)
             evaluations.append(evaluation)
+            retry = _precision_retry(template, evaluation, seen)
+            if retry is not None:
+                queue.insert(0, (retry, role))
             if evaluation.backend is None or role == BASELINE:
                 continue
             if evaluation.pick is not None and (best is None or self._score(evaluation.pick) > self._score(best.pick)):
@@ -291,3 +297,18 @@ class MeasuringStrategy(TuneStrategy):
         with torch.no_grad():
             return sweep(prepare, plan.batch_sizes, self.profiling, sync=device_sync(task.device), cancel=cancel,
                          keep_going=self._keep_going, batched=plan.batched)
+
+
+def _precision_retry(template: Backend, evaluation: Evaluation, seen: set[str]) -> Backend | None:
+    """A higher-precision variant of a candidate the fidelity check rejected at reduced precision, if any.
+
+    The variant is a candidate of its own, with its own row in the report (never a silent substitution).
+    """
+    if evaluation.row.status != REJECTED or evaluation.row.precision in (None, "fp32"):
+        return None
+    retry = template.precision_fallback()
+    if retry is None or retry.key() in seen:
+        return None
+    seen.add(retry.key())
+    logger.info("%s was rejected at %s; trying %s", evaluation.row.backend, evaluation.row.precision, retry.describe())
+    return retry

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -118,6 +119,13 @@ class OpenVINOBackend(Backend):
         if self._config.inference_precision is not None:
             return _REPORTED[self._config.inference_precision]
         return _precision_name(ov_core().get_property(ov_device_name(self._device), "INFERENCE_PRECISION_HINT"))
+
+    def precision_fallback(self) -> OpenVINOBackend | None:
+        """The same configuration with ``inference_precision="f32"`` when the precision was left to the device
+        (bf16 on CPUs with AMX/avx512_bf16), else None."""
+        if self._config.inference_precision is not None:
+            return None
+        return OpenVINOBackend(dataclasses.replace(self._config, inference_precision="f32"))
 
     def _build(self, module: nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> Backend:
         import_openvino()
