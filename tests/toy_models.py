@@ -93,3 +93,15 @@ class Pipeline(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.relu(self.encoder(x)))
+
+
+class BnCNN(nn.Module):
+    """Convolution, batch norm and a linear head (batch norm folds differently in each compiler)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).flatten(1))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from toy_models import BnCNN
 
 import torch_tweak.torch as tt
 from torch_tweak.errors import BackendStateError, BuildError, ConfigError
@@ -28,16 +29,6 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
-
-
-class CNN(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
-        self.head = nn.Linear(8, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.body(x).flatten(1))
 
 
 class Encoder(nn.Module):
@@ -113,7 +104,7 @@ def test_mlp_matches_eager_and_serves_unseen_batch_without_recompiling(mlp):
 
 def test_cnn_matches_eager(tmp_path):
     torch.manual_seed(0)
-    model = CNN().eval()
+    model = BnCNN().eval()
     calls = [(2, ((torch.randn(2, 3, 12, 12),), {})), (4, ((torch.randn(4, 3, 12, 12),), {}))]
     backend, _, samples = build(model, calls, tmp_path)
     for s in samples:

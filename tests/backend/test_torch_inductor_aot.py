@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch._inductor
 from torch import nn
+from toy_models import BnCNN
 
 import torch_tweak.torch as tt
 from torch_tweak.errors import BackendStateError, ConfigError, ConversionError, UnsupportedDeviceError
@@ -36,16 +37,6 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, scale: float = 1.0) -> Logits:
         features = torch.relu(self.fc1(x)) * scale
         return Logits(self.fc2(features), features)
-
-
-class CNN(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
-        self.head = nn.Linear(8, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.body(x).flatten(1))
 
 
 class Encoder(nn.Module):
@@ -110,7 +101,7 @@ def test_mlp_package_matches_eager_at_unseen_batch(mlp):
 
 def test_cnn_matches_eager(tmp_path):
     torch.manual_seed(0)
-    model = CNN().eval()
+    model = BnCNN().eval()
     calls = [(b, ((torch.randn(b, 3, 12, 12),), {})) for b in (2, 4)]
     backend, _, samples = build(model, calls, tmp_path)
     assert (tmp_path / "model.pt2").is_file()
