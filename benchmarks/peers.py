@@ -135,6 +135,8 @@ def main() -> None:
     parser.add_argument("--systems", default=",".join(s.key for s in SYSTEMS), help="subset, comma-separated")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
     parser.add_argument("--from-json", type=Path, help="only rewrite the Markdown of an earlier run's JSON")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other workloads of the mode's existing result file (re-measure a subset)")
     args = parser.parse_args()
     if args.from_json:
         old = json.loads(args.from_json.read_text())
@@ -176,6 +178,14 @@ def main() -> None:
     meta = report.environment(mode, time.perf_counter() - start, " ".join(["python", "benchmarks/peers.py",
                                                                           *sys.argv[1:]]))
     meta.update({"peer_envs": env_info, "processes": driver.processes})
+    previous = args.out_dir / f"peers_{mode.name}.json"
+    if args.merge and previous.is_file():
+        old = json.loads(previous.read_text())
+        kept = [w for w in old["records"] if w not in results]
+        results = {**{w: old["records"][w] for w in kept}, **results}
+        results = {w: results[w] for w in WORKLOADS if w in results}
+        meta["merged"] = {"workloads_from_earlier_run": kept, "earlier_run": old["meta"]["date"],
+                          "earlier_command": old["meta"]["command"], "earlier_wall_s": old["meta"]["wall_s"]}
     data = report.assemble(meta, mode, dispatch, results)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = args.out_dir / f"peers_{mode.name}"
