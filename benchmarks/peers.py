@@ -179,13 +179,15 @@ def main() -> None:
                                                                           *sys.argv[1:]]))
     meta.update({"peer_envs": env_info, "processes": driver.processes})
     previous = args.out_dir / f"peers_{mode.name}.json"
+    origin = {"command": meta["command"], "date": meta["date"], "wall_s": meta["wall_s"]}
+    meta["origins"] = dict.fromkeys(results, origin)
     if args.merge and previous.is_file():
         old = json.loads(previous.read_text())
         kept = [w for w in old["records"] if w not in results]
+        earlier = {"command": old["meta"]["command"], "date": old["meta"]["date"], "wall_s": old["meta"]["wall_s"]}
+        meta["origins"] = {**{w: old["meta"].get("origins", {}).get(w, earlier) for w in kept}, **meta["origins"]}
         results = {**{w: old["records"][w] for w in kept}, **results}
         results = {w: results[w] for w in WORKLOADS if w in results}
-        meta["merged"] = {"workloads_from_earlier_run": kept, "earlier_run": old["meta"]["date"],
-                          "earlier_command": old["meta"]["command"], "earlier_wall_s": old["meta"]["wall_s"]}
     data = report.assemble(meta, mode, dispatch, results)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = args.out_dir / f"peers_{mode.name}"

@@ -186,11 +186,11 @@ def markdown(data: dict[str, Any]) -> str:
              f"torch {v['torch']}, OpenVINO {v['openvino']}, torchao {v['torchao']}, transformers {v['transformers']}, "
              f"AITune 0.6.0, Model Navigator 0.14.0; {meta['wall_s'] / 60:.1f} min wall. Load average during the "
              f"measurements {_load_range(rows)}.", ""]
-    if meta.get("merged"):
-        merged = meta["merged"]
-        lines[0] = lines[0][:-1] + (f"; the {', '.join(merged['workloads_from_earlier_run'])} tables come from "
-                                    f"`{merged['earlier_command']}` on {merged['earlier_run']} "
-                                    f"({merged['earlier_wall_s'] / 60:.1f} min wall).")
+    others = {w: o for w, o in meta.get("origins", {}).items() if o["command"] != meta["command"]}
+    for origin in {o["command"] + o["date"]: o for o in others.values()}.values():
+        names = ", ".join(w for w, o in others.items() if o == origin)
+        lines[0] = lines[0][:-1] + (f"; the {names} tables come from `{origin['command']}` on {origin['date']} "
+                                    f"({origin['wall_s'] / 60:.1f} min wall).")
     lines += ["**Per-call dispatch overhead** (tiny MLP 16-16-4, batch 1, p50 per call, median of the repetitions "
               "±half their range):", "", "| wrapper | raw runtime | raw µs | through the wrapper µs | overhead µs |",
               "|---|---|---|---|---|"]
