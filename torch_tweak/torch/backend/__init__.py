@@ -10,6 +10,7 @@ from torch_tweak.torch.backend.backend import Backend, BackendConfig, BackendSta
 from torch_tweak.torch.backend.torch_eager import TorchEagerBackend, TorchEagerBackendConfig
 
 _LAZY = {
+    "BatchRouterBackend": "torch_tweak.torch.backend.batch_router",
     "OpenVINOBackend": "torch_tweak.torch.backend.openvino",
     "OpenVINOBackendConfig": "torch_tweak.torch.backend.openvino",
     "TorchInductorBackend": "torch_tweak.torch.backend.torch_inductor",
@@ -23,6 +24,7 @@ _LAZY = {
 __all__ = [
     "Backend",
     "BackendConfig",
+    "BatchRouterBackend",
     "BackendState",
     "OpenVINOBackend",
     "OpenVINOBackendConfig",

@@ -120,6 +120,7 @@ class Backend(ABC):
 
     Class attributes:
         requires_original_module: True if inference needs the wrapped module's own weights in memory.
+        runtime: the runtime whose threads run inference (``torch``, ``openvino``).
     """
 
     STATE_TYPE: ClassVar[str] = "type"
@@ -130,6 +131,9 @@ class Backend(ABC):
 
     _devices: ClassVar[tuple[str, ...]] = ("cpu", "xpu")
     requires_original_module: ClassVar[bool] = False
+    #: The runtime whose threads run inference. Calls alternating between runtimes slow each other
+    #: (their thread pools compete for the cores), so strategies combine backends of one runtime only.
+    runtime: ClassVar[str] = "torch"
 
     def __init__(self) -> None:
         self.state = BackendState.INIT

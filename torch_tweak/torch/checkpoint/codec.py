@@ -39,6 +39,14 @@ def is_native(cls: type[Backend]) -> bool:
 
 
 
+def route_types(backend_type: str, state: Any) -> list[str]:
+    """``backend_type`` and, for a :class:`BatchRouterBackend` state, the types of its routes' backends."""
+    if backend_type != "BatchRouterBackend" or not isinstance(state, dict) or not isinstance(state.get("routes"), list):
+        return [backend_type]
+    return [backend_type, *(r["backend_type"] for r in state["routes"]
+                            if isinstance(r, dict) and isinstance(r.get("backend_type"), str))]
+
+
 def encode_state(value: Any, where: str, on_path: Callable[[Path, str], dict[str, Any]],
                  on_tensor: Callable[[torch.Tensor, str], dict[str, Any]]) -> Any:
     """JSON form of a ``to_dict`` value; ``on_path``/``on_tensor`` store artifacts and tensors and return markers."""

@@ -28,7 +28,13 @@ from torch_tweak.torch._device import get_device
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.checkpoint import weights
 from torch_tweak.torch.checkpoint.archive import VerifiedArchive, member_name_problem, open_verified
-from torch_tweak.torch.checkpoint.codec import check_structure_types, decode_state, is_native, resolve_backend
+from torch_tweak.torch.checkpoint.codec import (
+    check_structure_types,
+    decode_state,
+    is_native,
+    resolve_backend,
+    route_types,
+)
 from torch_tweak.torch.checkpoint.locate import Slot, nested_prefixes, place, put_back, resolve
 from torch_tweak.torch.checkpoint.manifest import (
     EnvironmentDiff,
@@ -115,13 +121,13 @@ def _plan(obj: Any, entry: ModuleEntry, entries: list[ModuleEntry], devices: dic
                               f"a {entry.class_name} there ({entry.name!r}). Load into the model that was saved.")
     nested = nested_prefixes(entry.path, [e.path for e in entries])
     weights.check_matches(inner, nested, entry.parameters, entry.name, where)
-    types = [g.backend_type for g in entry.graphs]
+    types = [t for g in entry.graphs for t in route_types(g.backend_type, g.state)]
     plan = _Plan(entry, slot, inner, proxy, nested, devices.get(entry.name),
                  bool(diff.missing_flags or diff.relevant_to(types)))
     plan.classes = [resolve_backend(g.backend_type, g.backend_class, f"Module {entry.name!r}, graph {g.name!r}")
                     for g in entry.graphs]
     plan.old_backends = list(proxy._tt_routes.values()) if proxy is not None else []
-    if diff.missing_flags and any(is_native(c) for c in plan.classes):
+    if diff.missing_flags and (any(g.native_code for g in entry.graphs) or any(is_native(c) for c in plan.classes)):
         plan.fallback = (f"its compiled code may use {', '.join(diff.missing_flags)}, which this CPU lacks")
     return plan
 
@@ -268,7 +274,7 @@ def load(obj: Any, path: str | os.PathLike[str], device_map: dict[str, Any] | No
         targets = [id(p.inner) for p in plans]
         if len(set(targets)) != len(targets):
             raise CheckpointError(f"Checkpoint {path} maps two modules to the same object; it is corrupt.")
-        warn_environment(diff, path, sorted({g.backend_type for e in entries for g in e.graphs}))
+        warn_environment(diff, path, sorted({t for e in entries for g in e.graphs for t in route_types(g.backend_type, g.state)}))
         holder = _Extracted(_workdir())
         try:
             archive.extract(holder.path)

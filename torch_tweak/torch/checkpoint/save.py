@@ -119,7 +119,14 @@ def _graph_entry(pending: _Pending, backend: Backend, spec: GraphSpec, key: Any,
             "backend": {"type": type(backend).__name__, "class": qualified_name(type(backend)),
                         "description": backend.describe(), "precision": _precision(backend),
                         "requires_original_module": bool(backend.requires_original_module),
-                        "native_code": is_native(type(backend)), "artifacts": artifacts, "state": encoded}}
+                        "native_code": any(is_native(type(b)) for b in _components(backend)), "artifacts": artifacts,
+                        "state": encoded}}
+
+
+def _components(backend: Backend) -> list[Backend]:
+    """The backend and, for a batch router, the backends of its routes."""
+    routes = getattr(backend, "routes", None)
+    return [backend, *(b for _, b in routes)] if isinstance(routes, list) else [backend]
 
 
 def _precision(backend: Backend) -> str | None:

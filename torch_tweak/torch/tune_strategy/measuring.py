@@ -48,8 +48,22 @@ class HighestThroughputStrategy(MeasuringStrategy):
 
     Each candidate is swept over the powers of two in the graph's batch range (extended first by the
     opt-in max-batch-size search); the sweep stops when throughput saturates. Graphs without a batch
-    axis are measured at their own batch only. See :class:`MeasuringStrategy` for the arguments.
+    axis are measured at their own batch only.
+
+    With ``batch_routing`` (the default), batch sizes at which another candidate of the chosen one's
+    runtime was measured faster by ``eager_margin`` go to that candidate: the graph is served by a
+    :class:`~torch_tweak.torch.backend.BatchRouterBackend` (OpenVINO LATENCY for batch 1, THROUGHPUT for
+    large batches, say). Candidates of other runtimes are never mixed in, since alternating calls between
+    thread pools costs more than it gains on a few cores. See :class:`MeasuringStrategy` for the other
+    arguments.
     """
+
+    def __init__(self, backends: Iterable[Backend] | None = None, *, batch_routing: bool = True,
+                 **kwargs: Any) -> None:
+        super().__init__(backends, **kwargs)
+        if not isinstance(batch_routing, bool):
+            raise ConfigError(f"HighestThroughputStrategy: batch_routing must be a bool, got {batch_routing!r}.")
+        self._routes_batches = batch_routing
 
     def _pick(self, result: SweepResult) -> Measurement | None:
         return result.best()

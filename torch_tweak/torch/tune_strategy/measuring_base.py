@@ -26,6 +26,7 @@ import torch
 
 from torch_tweak.errors import ConfigError, TuningError
 from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.torch.backend.batch_router import BatchRouterBackend
 from torch_tweak.torch.backend.torch_eager import TorchEagerBackend
 from torch_tweak.torch.fidelity import FidelityConfig
 from torch_tweak.torch.module.spec import resize_batch
@@ -49,6 +50,7 @@ from torch_tweak.torch.tune_strategy.base import (
     format_failures,
 )
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, StrategyResult, selection_dict, summarize
+from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, leaders
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +80,8 @@ class MeasuringStrategy(TuneStrategy):
     """
 
     metric_name = "throughput"
+    #: Whether the strategy may serve ranges of batch sizes with other candidates (``routing`` module).
+    _routes_batches = False
 
     def __init__(
         self,
@@ -194,22 +198,33 @@ class MeasuringStrategy(TuneStrategy):
             if evaluation.backend is None or role == BASELINE:
                 continue
             if evaluation.pick is not None and (best is None or self._score(evaluation.pick) > self._score(best.pick)):
-                if best is not None:
-                    _release(best.backend)
                 best = evaluation
-            else:
-                _release(evaluation.backend)
+            self._release_unneeded(evaluations, best)
         chosen, reason = self._choose(task, evaluations, best)
+        routes = batch_routes(chosen, evaluations, 1.0 + self.eager_margin) if self._routes_batches else None
+        serving = [chosen] if routes is None else [e for _, e in routes]
         for evaluation in evaluations:
-            if evaluation is not chosen and evaluation.backend is not None:
+            if all(evaluation is not e for e in serving) and evaluation.backend is not None:
                 _release(evaluation.backend)
-        chosen.row.status = CHOSEN
-        task.report.chosen = chosen.row.backend
-        task.report.reason = reason
-        self.results.append(summarize(task.module_name, task.graph_spec.name, evaluations, chosen, reason))
-        logger.info("%s: chose %s (%s)", describe_task(task), chosen.row.backend, reason)
+        for evaluation in serving:
+            evaluation.row.status = CHOSEN
         assert chosen.backend is not None
-        return chosen.backend
+        backend = chosen.backend
+        if routes is not None:
+            backend = BatchRouterBackend([(bound, e.backend) for bound, e in routes], task.graph_spec)
+            reason = f"{reason}; {describe_routes(routes, chosen)}"
+        task.report.chosen = backend.describe() if routes is not None else chosen.row.backend
+        task.report.reason = reason
+        self.results.append(summarize(task.module_name, task.graph_spec.name, evaluations, task.report.chosen, reason))
+        logger.info("%s: chose %s (%s)", describe_task(task), task.report.chosen, reason)
+        return backend
+
+    def _release_unneeded(self, evaluations: list[Evaluation], best: Evaluation | None) -> None:
+        """Deactivate candidates that can no longer be chosen or serve a batch-size range (eager stays)."""
+        keep = [best, *(leaders(evaluations) if self._routes_batches else [])]
+        for evaluation in evaluations:
+            if evaluation.role != BASELINE and evaluation.backend is not None and all(evaluation is not k for k in keep):
+                _release(evaluation.backend)
 
     def _choose(self, task: GraphTask, evaluations: list[Evaluation], best: Evaluation | None) -> tuple[Evaluation, str]:
         eager = evaluations[0]

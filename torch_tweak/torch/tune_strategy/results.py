@@ -66,7 +66,7 @@ def selection_dict(metric: str, pick: Measurement | None) -> dict[str, Any] | No
             "p50_ms": pick.p50_ms, "p99_ms": pick.p99_ms, "stable": pick.stable}
 
 
-def summarize(module_name: str, graph_name: str, evaluations: list[Evaluation], chosen: Evaluation,
+def summarize(module_name: str, graph_name: str, evaluations: list[Evaluation], chosen: str,
               reason: str) -> StrategyResult:
     """A :class:`StrategyResult` from the evaluations of one graph."""
     rows = []
@@ -75,4 +75,4 @@ def summarize(module_name: str, graph_name: str, evaluations: list[Evaluation], 
         rows.append(CandidateResult(
             e.row.backend, e.role, e.row.status, p.batch_size if p else None, p.throughput if p else None,
             p.p50_ms if p else None, p.p99_ms if p else None, p.stable if p else None, e.row.error))
-    return StrategyResult(module_name, graph_name, chosen.row.backend, reason, rows)
+    return StrategyResult(module_name, graph_name, chosen, reason, rows)

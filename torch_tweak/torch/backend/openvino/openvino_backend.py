@@ -98,6 +98,7 @@ class OpenVINOBackend(Backend):
     """Runs inference via OpenVINO compiled models (Intel CPU/GPU)."""
 
     STATE_OV_MODEL_DIR = "ov_model_dir"
+    runtime = "openvino"
 
     def __init__(self, config: OpenVINOBackendConfig | None = None) -> None:
         """Initializes backend."""

@@ -1,0 +1,234 @@
+"""Batch-size routing: HighestThroughputStrategy serving batch ranges with different candidates."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from checkpoint_child import build
+from test_checkpoint import run_fresh
+from test_measuring_strategies import rows, strategy, tune
+from toy_models import KwargsModel, mlp
+
+import torch_tweak.torch as tt
+from torch_tweak.errors import BackendStateError, ConfigError
+from torch_tweak.torch.backend import BatchRouterBackend, TorchEagerBackend, TorchEagerBackendConfig
+from torch_tweak.torch.backend.batch_router import batch_reader
+from torch_tweak.torch.checkpoint import verify
+from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
+from torch_tweak.torch.testing import FakeClock, TimedBackend
+from torch_tweak.torch.tune_strategy import TuneStrategy
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+def latency_and_throughput(clock):
+    low_latency = TimedBackend(clock, ms_per_call=0.3, ms_per_sample=0.5)      # b1 0.8 ms, b2 1.3, b8 4.3
+    high_throughput = TimedBackend(clock, ms_per_call=1.2, ms_per_sample=0.01)  # b1 1.21 ms, b2 1.22, b8 1.28
+    return low_latency, high_throughput
+
+
+def cost_ms(clock, call) -> float:
+    before = clock()
+    call()
+    return (clock() - before) * 1e3
+
+
+def test_small_batches_go_to_the_candidate_that_is_faster_there(clock):
+    low_latency, high_throughput = latency_and_throughput(clock)
+    strat = strategy(tt.HighestThroughputStrategy, clock, [high_throughput, low_latency], eager_ms=1.5,
+                     eager_per_sample=0.2)
+    wrapped, report, graph = tune(strat)
+    assert graph.chosen == (f"BatchRouterBackend(batch<=1: {low_latency.describe()}, "
+                            f"batch>=2: {high_throughput.describe()})")
+    assert rows(graph)[low_latency.describe()].status == rows(graph)[high_throughput.describe()].status == "chosen"
+    assert "batch size 1 goes to TimedBackend(ms_per_call=0.3,ms_per_sample=0.5)" in graph.reason
+    assert "1250.0 vs 826.4 samples/s at batch 1" in graph.reason
+    (router,) = wrapped.backends.values()
+    assert isinstance(router, BatchRouterBackend) and router.executed_precision == "fp32"
+    assert [bound for bound, _ in router.routes] == [1, None]
+    with torch.no_grad():
+        assert cost_ms(clock, lambda: wrapped(torch.randn(1, 8))) == pytest.approx(0.8)
+        assert cost_ms(clock, lambda: wrapped(torch.randn(3, 8))) == pytest.approx(1.23)
+        torch.testing.assert_close(wrapped(torch.randn(5, 8).fill_(1)), mlp()(torch.ones(5, 8)))
+    assert strat.results[0].chosen == graph.chosen
+
+
+def test_a_range_in_the_middle_and_unmeasured_sizes_follow_the_smaller_measured_one(clock):
+    middle = TimedBackend(clock, ms_per_call=0.1, ms_per_sample=0.2, ms_per_sample_squared=0.05, label="middle")
+    main = TimedBackend(clock, ms_per_call=1.5, ms_per_sample=0.05)
+    strat = strategy(tt.HighestThroughputStrategy, clock, [main, middle], eager_ms=3.0, eager_per_sample=0.3)
+    wrapped, _, graph = tune(strat, batch_sizes=(1, 2, 4, 8, 16))
+    (router,) = wrapped.backends.values()
+    # middle: 0.35, 0.7, 1.7, 4.9 ms at 1, 2, 4, 8; main: 1.55, 1.6, 1.7, 1.9 ms; eager is slower everywhere
+    assert [(b, r.describe()) for b, r in router.routes] == [(3, middle.describe()), (None, main.describe())]
+    assert router.backend_for(3) is router.routes[0][1] and router.backend_for(4) is router.routes[1][1]
+    assert "batch sizes 1-3 go to" in graph.reason
+
+
+def test_batch_routing_off_keeps_one_backend(clock):
+    low_latency, high_throughput = latency_and_throughput(clock)
+    strat = strategy(tt.HighestThroughputStrategy, clock, [high_throughput, low_latency], eager_ms=1.5,
+                     eager_per_sample=0.2, batch_routing=False)
+    _, _, graph = tune(strat)
+    assert graph.chosen == high_throughput.describe()
+    with pytest.raises(ConfigError, match="batch_routing must be a bool"):
+        tt.HighestThroughputStrategy(batch_routing="yes")
+
+
+class _OtherRuntime(TimedBackend):
+    runtime = "openvino"
+
+
+def test_candidates_of_another_runtime_never_share_a_graph(clock):
+    other = _OtherRuntime(clock, ms_per_call=0.3, ms_per_sample=0.5)
+    _, high_throughput = latency_and_throughput(clock)
+    strat = strategy(tt.HighestThroughputStrategy, clock, [high_throughput, other], eager_ms=1.5, eager_per_sample=0.2)
+    _, _, graph = tune(strat)
+    assert graph.chosen == high_throughput.describe()
+    assert rows(graph)[other.describe()].status == "passed"
+
+
+def test_a_margin_below_eager_margin_does_not_route(clock):
+    close = TimedBackend(clock, ms_per_call=1.17, ms_per_sample=0.01, label="close")  # 1.18 vs 1.21 ms at b1: 2.5 %
+    _, high_throughput = latency_and_throughput(clock)
+    strat = strategy(tt.HighestThroughputStrategy, clock, [high_throughput, close], eager_ms=3.0)
+    _, _, graph = tune(strat)
+    assert not graph.chosen.startswith("BatchRouterBackend")
+
+
+def test_graphs_without_a_batch_axis_are_never_routed(clock):
+    low_latency, high_throughput = latency_and_throughput(clock)
+    strat = strategy(tt.HighestThroughputStrategy, clock, [high_throughput, low_latency], eager_ms=1.5)
+    _, _, graph = tune(strat, batch_sizes=(4,))
+    assert graph.chosen == high_throughput.describe()
+
+
+# the backend itself ---------------------------------------------------------------------------------
+
+
+def _spec(locator: str = "args[0]", multipliers: dict[int, int] | None = None) -> GraphSpec:
+    tensor = TensorSpec("x", locator, ("batch0", 8), (1, 8), (16, 8), "float32",
+                        {0: 1} if multipliers is None else multipliers)
+    out = TensorSpec("out", "outputs", ("batch0", 4), (1, 4), (16, 4), "float32", {0: 1})
+    return GraphSpec("0", [tensor], [out], ("tuple", (("tuple", ("tensor",)), ("dict", (), ()))), "tensor")
+
+
+def _built(clock, **timing) -> TimedBackend:
+    backend = TimedBackend(clock, **timing)
+    backend.build(mlp(), _spec(), [], torch.device("cpu"), TMP)
+    return backend
+
+
+TMP = None
+
+
+@pytest.fixture(autouse=True)
+def _tmp(tmp_path):
+    global TMP
+    TMP = tmp_path / "cache"
+
+
+def test_router_arguments_are_validated(clock):
+    a, b = _built(clock), _built(clock, label="b")
+    with pytest.raises(ConfigError, match="at least two routes"):
+        BatchRouterBackend([(None, a)], _spec())
+    with pytest.raises(ConfigError, match="must have max_batch_size=None"):
+        BatchRouterBackend([(2, a), (8, b)], _spec())
+    with pytest.raises(ConfigError, match="greater than the previous"):
+        BatchRouterBackend([(2, a), (2, b), (None, a)], _spec())
+    with pytest.raises(ConfigError, match="greater than the previous"):
+        BatchRouterBackend([(True, a), (None, b)], _spec())
+    with pytest.raises(ConfigError, match=r"\(max_batch_size, Backend\) pair"):
+        BatchRouterBackend([(2, "eager"), (None, b)], _spec())
+    router = BatchRouterBackend([(2, a), (None, b)], _spec())
+    with pytest.raises(ConfigError, match="is itself a BatchRouterBackend"):
+        BatchRouterBackend([(1, router), (None, b)], _spec())
+    with pytest.raises(ConfigError, match="has no batch axis"):
+        BatchRouterBackend([(2, a), (None, b)], _spec(multipliers={}))
+    with pytest.raises(BackendStateError, match="all be built and active"):
+        BatchRouterBackend([(2, a), (None, TimedBackend(clock))], _spec())
+    with pytest.raises(BackendStateError, match="assembled by a strategy"):
+        router._build(mlp(), _spec(), [], TMP)
+
+
+def test_router_state_machine_follows_its_routes(clock):
+    a, b = _built(clock), _built(clock, label="b")
+    router = BatchRouterBackend([(2, a), (None, b)], _spec())
+    router.deactivate()
+    assert a.state.value == b.state.value == "inactive"
+    with pytest.raises(BackendStateError):
+        router.infer(torch.randn(1, 8))
+    router.activate()
+    assert router.infer(torch.randn(4, 8)).shape == (4, 4)
+
+
+def test_batch_reader_reads_args_kwargs_and_nested_inputs_with_multipliers():
+    assert batch_reader(_spec())((torch.zeros(6, 8),), {}) == 6
+    assert batch_reader(_spec("kwargs['x']"))((), {"x": torch.zeros(5, 8)}) == 5
+    assert batch_reader(_spec(multipliers={0: 2}))((torch.zeros(6, 8),), {}) == 3
+    nested = GraphSpec("0", [TensorSpec("x", "args[0]['a']", ("batch0", 8), (2, 8), (8, 8), "float32", {0: 2})], [],
+                       ("tuple", (("tuple", (("dict", ("a",), ("tensor",)),)), ("dict", (), ()))), "tensor")
+    assert batch_reader(nested)(({"a": torch.zeros(4, 8)},), {}) == 2
+
+
+class _TwoEager(TuneStrategy):
+    """Eager in fp32 for batches up to 2, eager under bf16 autocast above (a deterministic router)."""
+
+    def _tune(self, task):
+        small, _ = self.try_backend(TorchEagerBackend(), task)
+        large, _ = self.try_backend(TorchEagerBackend(TorchEagerBackendConfig(autocast_enabled=True)), task)
+        return BatchRouterBackend([(2, small), (None, large)], task.graph_spec)
+
+
+def test_router_checkpoint_round_trip_with_keyword_inputs(tmp_path):
+    strat = _TwoEager()
+    strat.enable_correctness_check(False)
+    wrapped = tt.Module(KwargsModel(), name="kw", strategy=strat)
+    samples = [((), {"x": torch.randn(6), "mask": torch.ones(6)}) for _ in range(2)]
+    tt.tune(wrapped, samples, batch_sizes=[1, 4])
+    calls = {b: {"x": torch.randn(b, 6), "mask": torch.ones(b, 6)} for b in (1, 4)}
+    expected = {b: wrapped(**kwargs) for b, kwargs in calls.items()}
+    tt.save(wrapped, tmp_path / "kw.tt")
+    info = verify(tmp_path / "kw.tt")
+    assert info["modules"][0]["graphs"][0]["backend"] == "BatchRouterBackend"
+    del wrapped
+    gc.collect()
+    loaded = tt.load(KwargsModel(), tmp_path / "kw.tt")
+    (router,) = loaded.backends.values()
+    assert isinstance(router, BatchRouterBackend) and router.state.value == "deployed"
+    assert [r.describe() for _, r in router.routes] == ["TorchEagerBackend()",
+                                                         "TorchEagerBackend(autocast_enabled=True)"]
+    assert router.executed_precision == "fp32/bf16"
+    for b, kwargs in calls.items():
+        got = loaded(**kwargs)
+        rounded = bool(torch.equal(got.first, got.first.bfloat16().float()))  # computed under bf16 autocast
+        assert rounded == (b > 2)
+        torch.testing.assert_close(got, expected[b])
+
+
+def test_router_of_openvino_hints_loads_in_a_fresh_process(tmp_path):
+    pytest.importorskip("openvino")
+    from torch_tweak.torch.backend import OpenVINOBackend, OpenVINOBackendConfig
+
+    class Hints(TuneStrategy):
+        def _tune(self, task):
+            backends = [self.try_backend(OpenVINOBackend(OpenVINOBackendConfig(performance_hint=hint,
+                                                                               inference_precision="f32")), task)[0]
+                        for hint in ("LATENCY", "THROUGHPUT")]
+            return BatchRouterBackend([(1, backends[0]), (None, backends[1])], task.graph_spec)
+
+    wrapped = tt.Module(build("cnn"), name="cnn", strategy=Hints())
+    tt.tune(wrapped, [torch.randn(3, 8, 8) for _ in range(4)], batch_sizes=[1, 4])
+    assert wrapped._tt_offloaded  # no route needs the module's weights
+    inputs = [torch.randn(1, 3, 8, 8), torch.randn(4, 3, 8, 8)]
+    expected = [wrapped(x) for x in inputs]
+    tt.save(wrapped, tmp_path / "cnn.tt")
+    outputs, info = run_fresh("cnn", tmp_path / "cnn.tt", inputs, tmp_path)
+    for got, want in zip(outputs, expected):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert info["backends"] == {"cnn": ["BatchRouterBackend"]} and info["states"] == {"cnn": "TUNED"}

@@ -1,0 +1,83 @@
+"""Batch-size routing: where another measured candidate beats the chosen one, and which ones to keep.
+
+The chosen candidate is the best at its own best batch size; another candidate of the same runtime may
+still be faster at other batch sizes (OpenVINO LATENCY at batch 1 against THROUGHPUT at batch 32).
+Only candidates of the chosen one's runtime are considered: calls alternating between runtimes pay for
+their competing thread pools, which single-runtime measurements never see.
+"""
+
+from __future__ import annotations
+
+from torch_tweak.torch.backend.backend import BackendState
+from torch_tweak.torch.tune_strategy.results import Evaluation
+
+Routes = list[tuple[int | None, Evaluation]]
+
+
+def _alive(evaluations: list[Evaluation]) -> list[Evaluation]:
+    return [e for e in evaluations if e.backend is not None and e.sweep is not None
+            and e.backend.state == BackendState.ACTIVE]
+
+
+def leaders(evaluations: list[Evaluation]) -> list[Evaluation]:
+    """The evaluations with the highest throughput at some batch size among those of their runtime."""
+    best: dict[tuple[str, int], Evaluation] = {}
+    for e in _alive(evaluations):
+        assert e.backend is not None and e.sweep is not None
+        for m in e.sweep.measurements:
+            slot = (e.backend.runtime, m.batch_size)
+            current = best.get(slot)
+            current_m = current.sweep.at(m.batch_size) if current is not None and current.sweep is not None else None
+            if current_m is None or m.throughput > current_m.throughput:
+                best[slot] = e
+    return list({id(e): e for e in best.values()}.values())
+
+
+def batch_routes(chosen: Evaluation, evaluations: list[Evaluation], margin: float) -> Routes | None:
+    """``(max_batch_size, evaluation)`` ranges, or None when the chosen candidate should serve every batch size.
+
+    At each batch size the chosen candidate measured, a candidate of its runtime that measured the same
+    batch size takes over when its throughput is at least ``margin`` times the chosen one's (and the
+    highest such). A batch size between two measured ones goes with the smaller; the last range is open.
+    """
+    if chosen.sweep is None or chosen.backend is None:
+        return None
+    own = {m.batch_size: m.throughput for m in chosen.sweep.measurements if m.batched}
+    sizes = sorted(own)
+    if len(sizes) < 2:
+        return None
+    rivals = [e for e in _alive(evaluations) if e is not chosen and e.backend is not None
+              and e.backend.runtime == chosen.backend.runtime]
+    assignment: list[Evaluation] = []
+    for size in sizes:
+        pick, speed = chosen, own[size]
+        for rival in rivals:
+            assert rival.sweep is not None
+            m = rival.sweep.at(size)
+            if m is not None and m.throughput >= margin * own[size] and m.throughput > speed:
+                pick, speed = rival, m.throughput
+        assignment.append(pick)
+    if all(a is chosen for a in assignment):
+        return None
+    routes: Routes = []
+    for i, evaluation in enumerate(assignment):
+        if i + 1 < len(sizes) and assignment[i + 1] is evaluation:
+            continue
+        routes.append((sizes[i + 1] - 1 if i + 1 < len(sizes) else None, evaluation))
+    return routes
+
+
+def describe_routes(routes: Routes, chosen: Evaluation) -> str:
+    """``batch sizes 1-3 go to X (24.1 vs 12.6 samples/s at batch 1; ...)`` per range ``chosen`` does not serve."""
+    parts, low = [], 1
+    for bound, evaluation in routes:
+        if evaluation is not chosen and evaluation.sweep is not None and chosen.sweep is not None:
+            span = f"size {low} goes" if bound == low else f"sizes {low}-{bound} go" if bound else f"sizes >={low} go"
+            speeds = []
+            for m in evaluation.sweep.measurements:
+                mine = chosen.sweep.at(m.batch_size)
+                if mine is not None and m.batch_size >= low and (bound is None or m.batch_size <= bound):
+                    speeds.append(f"{m.throughput:.1f} vs {mine.throughput:.1f} samples/s at batch {m.batch_size}")
+            parts.append(f"batch {span} to {evaluation.row.backend} ({'; '.join(speeds)})")
+        low = (bound or 0) + 1
+    return "; ".join(parts)
