@@ -138,6 +138,18 @@ def _ratio(value: float | None) -> str:  # noqa: D103
     return "–" if value is None else f"{value:.2f}x"
 
 
+_COMPACT = (("BatchRouterBackend(", "routed("), ("OpenVINOBackend(", "OpenVINO("), ("performance_hint=", ""),
+            ("inference_precision=", ""), ("Backend()", ""), ("Backend(", "("))
+
+
+def _compact(text: str | None) -> str:
+    """A torch_tweak backend description short enough for a table cell (``routed(batch<=1: OpenVINO(f32), ...)``)."""
+    text = text or ""
+    for long, short in _COMPACT:
+        text = text.replace(long, short)
+    return text
+
+
 def _short(text: str | None, limit: int = 70) -> str:
     text = (text or "").replace("|", "/").replace("\n", " ")
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -172,7 +184,7 @@ def _cost_table(rows: list[dict[str, Any]]) -> list[str]:
         serve = first["maxrss_serve_mb"]
         tune_rss = f"{first['maxrss_tune_mb']:.0f}" if first["maxrss_tune_mb"] else "–"
         lines.append("| " + " | ".join([
-            first["title"], _short(first["selected"], 50), f"{max(errors):.1e}" if errors else "–",
+            first["title"], _short(_compact(first["selected"]), 90), f"{max(errors):.1e}" if errors else "–",
             f"{first['tune_s']:.1f}" if first["tune_s"] is not None else "–", _pm(first["first_output_s"], 2),
             f"{tune_rss} / {serve['median']:.0f}" if serve else f"{tune_rss} / –"]) + " |")
     return lines

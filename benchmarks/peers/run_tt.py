@@ -104,7 +104,7 @@ def load() -> None:
         loaded(inputs["1"])
     record["load_s"] = time.perf_counter() - t0
     record["first_output_s"] = time.perf_counter() - START
-    record["selected"] = "; ".join(sorted({type(b).__name__ for b in loaded.backends.values()}))
+    record["selected"] = "; ".join(sorted({b.describe() for b in loaded.backends.values()}))
     if args.batches:
         _measure(torch, loaded, inputs)
 
