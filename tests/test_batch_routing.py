@@ -232,3 +232,29 @@ def test_router_of_openvino_hints_loads_in_a_fresh_process(tmp_path):
     for got, want in zip(outputs, expected):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert info["backends"] == {"cnn": ["BatchRouterBackend"]} and info["states"] == {"cnn": "TUNED"}
+
+
+def _evaluation(name: str, runtime: str, ms_by_batch: dict[int, float]):
+    from types import SimpleNamespace
+
+    from torch_tweak.torch.backend import BackendState
+    from torch_tweak.torch.profiling import Measurement, SweepResult
+    from torch_tweak.torch.report.report import CandidateReport
+    from torch_tweak.torch.tune_strategy.results import Evaluation
+
+    sweep = SweepResult([Measurement(b, [ms] * 5) for b, ms in ms_by_batch.items()])
+    backend = SimpleNamespace(state=BackendState.ACTIVE, runtime=runtime)
+    return Evaluation("candidate", CandidateReport(backend=name, key=name, role="candidate"), backend, sweep,
+                      sweep.best())
+
+
+def test_while_measuring_only_candidates_that_could_serve_a_range_stay_alive():
+    from torch_tweak.torch.tune_strategy.routing import worth_keeping
+
+    best = _evaluation("best", "torch", {1: 1.0, 8: 2.0})          # 1000/s, 4000/s
+    close = _evaluation("close", "torch", {1: 0.97, 8: 4.0})       # 3 % faster at batch 1: not worth its memory
+    small = _evaluation("small", "torch", {1: 0.5, 8: 8.0})        # 2x faster at batch 1
+    other = _evaluation("other", "openvino", {1: 0.9, 8: 3.0})     # best of its own runtime
+    kept = worth_keeping([best, close, small, other], 1.05)
+    assert [e.row.backend for e in kept] == ["best", "small", "other"]
+    assert [e.row.backend for e in worth_keeping([best, close, other], 1.05)] == ["best", "other"]

@@ -50,7 +50,7 @@ from torch_tweak.torch.tune_strategy.base import (
     format_failures,
 )
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, StrategyResult, selection_dict, summarize
-from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, leaders
+from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ class MeasuringStrategy(TuneStrategy):
 
     def _release_unneeded(self, evaluations: list[Evaluation], best: Evaluation | None) -> None:
         """Deactivate candidates that can no longer be chosen or serve a batch-size range (eager stays)."""
-        keep = [best, *(leaders(evaluations) if self._routes_batches else [])]
+        keep = [best, *(worth_keeping(evaluations, 1.0 + self.eager_margin) if self._routes_batches else [])]
         for evaluation in evaluations:
             if evaluation.role != BASELINE and evaluation.backend is not None and all(evaluation is not k for k in keep):
                 _release(evaluation.backend)

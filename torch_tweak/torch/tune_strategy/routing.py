@@ -19,18 +19,28 @@ def _alive(evaluations: list[Evaluation]) -> list[Evaluation]:
             and e.backend.state == BackendState.ACTIVE]
 
 
-def leaders(evaluations: list[Evaluation]) -> list[Evaluation]:
-    """The evaluations with the highest throughput at some batch size among those of their runtime."""
-    best: dict[tuple[str, int], Evaluation] = {}
+def worth_keeping(evaluations: list[Evaluation], margin: float) -> list[Evaluation]:
+    """Per runtime: its best candidate and those that beat it by ``margin`` at a batch size where they lead.
+
+    A candidate dropped here can still be the fastest of its runtime at some batch size, but by less than
+    ``margin`` over that runtime's best: serving that batch size with the best instead loses less than
+    the margin, and the strategy does not keep every candidate's memory alive for it.
+    """
+    by_runtime: dict[str, list[Evaluation]] = {}
     for e in _alive(evaluations):
-        assert e.backend is not None and e.sweep is not None
-        for m in e.sweep.measurements:
-            slot = (e.backend.runtime, m.batch_size)
-            current = best.get(slot)
-            current_m = current.sweep.at(m.batch_size) if current is not None and current.sweep is not None else None
-            if current_m is None or m.throughput > current_m.throughput:
-                best[slot] = e
-    return list({id(e): e for e in best.values()}.values())
+        assert e.backend is not None
+        by_runtime.setdefault(e.backend.runtime, []).append(e)
+    keep: list[Evaluation] = []
+    for group in by_runtime.values():
+        best = max(group, key=lambda e: e.pick.throughput if e.pick is not None else -1.0)
+        keep.append(best)
+        assert best.sweep is not None
+        for m in best.sweep.measurements:
+            faster = [(e, e.sweep.at(m.batch_size)) for e in group if e is not best and e.sweep is not None]
+            top = max(((e, r) for e, r in faster if r is not None), key=lambda p: p[1].throughput, default=None)
+            if top is not None and top[1].throughput >= margin * m.throughput and all(top[0] is not k for k in keep):
+                keep.append(top[0])
+    return keep
 
 
 def batch_routes(chosen: Evaluation, evaluations: list[Evaluation], margin: float) -> Routes | None:
