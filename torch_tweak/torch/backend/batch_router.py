@@ -136,10 +136,7 @@ class BatchRouterBackend(Backend):
             batch = self._batch_of(args, kwargs)
         except (AttributeError, IndexError, KeyError, TypeError):  # not the recorded structure: the route says why
             return self._backends[-1].infer(*args, **kwargs)
-        for bound, backend in zip(self._bounds, self._backends, strict=False):
-            if batch <= bound:
-                return backend.infer(*args, **kwargs)
-        return self._backends[-1].infer(*args, **kwargs)
+        return self.backend_for(batch).infer(*args, **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         """Type, graph spec, device and, per route, its bound and its backend's type, class and state."""

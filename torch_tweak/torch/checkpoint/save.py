@@ -16,6 +16,7 @@ import torch
 
 from torch_tweak.errors import CheckpointError
 from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.torch.backend.batch_router import BatchRouterBackend
 from torch_tweak.torch.checkpoint import weights
 from torch_tweak.torch.checkpoint.archive import member_name_problem
 from torch_tweak.torch.checkpoint.codec import MARKER, encode_state, is_native
@@ -125,8 +126,9 @@ def _graph_entry(pending: _Pending, backend: Backend, spec: GraphSpec, key: Any,
 
 def _components(backend: Backend) -> list[Backend]:
     """The backend and, for a batch router, the backends of its routes."""
-    routes = getattr(backend, "routes", None)
-    return [backend, *(b for _, b in routes)] if isinstance(routes, list) else [backend]
+    if isinstance(backend, BatchRouterBackend):
+        return [backend, *(b for _, b in backend.routes)]
+    return [backend]
 
 
 def _precision(backend: Backend) -> str | None:

@@ -209,11 +209,11 @@ class MeasuringStrategy(TuneStrategy):
         for evaluation in serving:
             evaluation.row.status = CHOSEN
         assert chosen.backend is not None
-        backend = chosen.backend
+        backend, task.report.chosen = chosen.backend, chosen.row.backend
         if routes is not None:
             backend = BatchRouterBackend([(bound, e.backend) for bound, e in routes], task.graph_spec)
+            task.report.chosen = backend.describe()
             reason = f"{reason}; {describe_routes(routes, chosen)}"
-        task.report.chosen = backend.describe() if routes is not None else chosen.row.backend
         task.report.reason = reason
         self.results.append(summarize(task.module_name, task.graph_spec.name, evaluations, task.report.chosen, reason))
         logger.info("%s: chose %s (%s)", describe_task(task), task.report.chosen, reason)
