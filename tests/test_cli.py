@@ -15,7 +15,7 @@ from toy_models import mlp
 
 import torch_tweak.torch as tt
 from torch_tweak.torch.backend import TorchEagerBackend
-from torch_tweak.torch.tuning import CACHE_MARKER
+from torch_tweak.torch.cache import CACHE_MARKER
 
 
 def cli(*args, cache=None, code=None, timeout=300):

@@ -19,6 +19,7 @@ from toy_models import mlp
 import torch_tweak.torch as tt
 from torch_tweak.errors import ConfigError
 from torch_tweak.torch.backend import TorchEagerBackend
+from torch_tweak.torch.cache import cache_root
 from torch_tweak.torch.profiling import ProfilingConfig
 from torch_tweak.torch.report.report import SCHEMA_VERSION, TABLE_HEADERS
 from torch_tweak.torch.testing import WrongOutputBackend
@@ -103,7 +104,7 @@ def test_tune_fills_environment_and_stores_the_report_in_the_cache():
 
 
 def test_a_report_that_cannot_be_stored_does_not_fail_the_tune(tmp_path, caplog):
-    (tt.config.cache_dir).mkdir(parents=True)
+    cache_root()
     (tt.config.cache_dir / "reports").write_text("a file where the folder should be")
     report = tuned_mlp_report(batch_sizes=(1, 2))
     assert report.modules[0].status == "tuned"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 def _demo(args: argparse.Namespace) -> int:
     from torch_tweak.demo import run_demo
-    from torch_tweak.torch.config import config
+    from torch_tweak.torch.cache import cache_folder
 
-    out = Path(args.out) if args.out else config.cache_dir / "demo"
+    out = Path(args.out) if args.out else cache_folder("demo")
     kind = "quick demo (eager only)" if args.quick else "demo (every CPU backend available)"
     print(f"torch-tweak: tuning the built-in CNN and transformer encoder, {kind}; this can take a few minutes...",
           file=sys.stderr, flush=True)
@@ -58,6 +58,11 @@ def _verify(args: argparse.Namespace) -> int:
     for module in summary["modules"]:
         graphs = ", ".join(f"graph {g['name']}: {g['backend']}" for g in module["graphs"])
         print(f"  module {module['name']} at {module['path'] or '<root>'} ({module['class']}): {graphs}")
+    print("  signed: " + ("yes (tt.load(..., verify_key=...) checks the signature)" if summary.get("signed") else
+                          "no (the sums file proves the file is intact, not who wrote it)"))
+    if summary.get("native_code"):
+        print(f"  native code: module(s) {', '.join(summary['native_code'])} run compiled code when loaded; tt.load "
+              "refuses them unless trust_native_code=True or a verify_key matches the signature")
     changes = summary.get("environment_changes") or {}
     if changes.get("missing_cpu_flags"):
         print(f"  note: saved on a CPU with {', '.join(changes['missing_cpu_flags'])}, which this CPU lacks")
@@ -80,7 +85,12 @@ def _cache(args: argparse.Namespace) -> int:
 
 
 def _size(path: Path) -> tuple[int, int]:
-    """Files and bytes under ``path`` (symbolic links are not followed)."""
+    """Files and bytes under ``path`` (symbolic links are not followed; a file or link counts as itself)."""
+    if path.is_symlink() or not path.is_dir():
+        try:
+            return 1, os.lstat(path).st_size
+        except OSError:
+            return 0, 0
     files = total = 0
     for folder, _, names in os.walk(path):
         for name in names:
@@ -102,21 +112,31 @@ def _human(size: int) -> str:
 
 
 def _list_cache(root: Path) -> None:
-    from torch_tweak.torch.tuning import CACHE_MARKER
+    from torch_tweak.torch.cache import CACHE_MARKER, read_marker
 
-    if not root.exists():
+    if not os.path.lexists(root):
         print(f"cache folder {root} does not exist: nothing is cached")
         return
     if not root.is_dir():
         raise NotADirectoryError(f"the cache folder {root} is not a folder")
-    marked = (root / CACHE_MARKER).is_file()
+    marker = read_marker(root)
     files, total = _size(root)
-    print(f"cache folder {root}: {files} files, {_human(total)}"
-          + ("" if marked else f" (no {CACHE_MARKER} marker: not created by torch_tweak)"))
+    if marker is None:
+        print(f"cache folder {root}: {files} files, {_human(total)} (no valid {CACHE_MARKER} marker: not created by "
+              "torch_tweak; `torch-tweak cache clear` refuses it)")
+        return
+    adopted = "" if marker.created_root else " (an existing folder torch_tweak uses: clearing keeps the folder itself)"
+    print(f"cache folder {root}: {files} files, {_human(total)}{adopted}")
     for entry in sorted(root.iterdir()):
-        if entry.name == CACHE_MARKER or not entry.is_dir() or entry.is_symlink():
+        if entry.name == CACHE_MARKER:
             continue
         n, size = _size(entry)
+        if entry.name not in marker.entries:
+            print(f"  {entry.name}{'/' if entry.is_dir() else ''}  not torch_tweak's: `cache clear` keeps it")
+            continue
+        if entry.is_symlink() or not entry.is_dir():
+            print(f"  {entry.name}  no longer a folder: `cache clear` removes it (not what it points to)")
+            continue
         if entry.name == "reports":
             reports = sorted(p.name for p in entry.glob("*.json"))
             newest = f", newest {entry / reports[-1]}" if reports else ""
@@ -131,16 +151,26 @@ def _list_cache(root: Path) -> None:
 
 
 def _clear_cache(root: Path) -> None:
-    from torch_tweak.torch.tuning import clear_cache_dir
+    from torch_tweak.torch.cache import clear_cache, read_marker
 
-    if not root.exists():
+    if not os.path.lexists(root):
         print(f"cache folder {root} does not exist: nothing to clear")
         return
-    if root.is_symlink():
-        raise ValueError(f"refusing to clear {root}: it is a symbolic link; point the cache at the real folder")
-    files, total = _size(root)
-    clear_cache_dir()
-    print(f"cleared {root} ({files} files, {_human(total)})")
+    marker = None if root.is_symlink() or not root.is_dir() else read_marker(root)
+    files = total = 0
+    for name in sorted(marker.entries) if marker is not None else ():
+        if os.path.lexists(root / name):
+            n, size = _size(root / name)
+            files, total = files + n, total + size
+    clear_cache()  # refuses a folder without a valid marker, or a symbolic link
+    removed = f"{files} files, {_human(total)}"
+    if not os.path.lexists(root):
+        print(f"cleared {root} ({removed})")
+        return
+    kept = sorted(entry.name for entry in root.iterdir())
+    why = "torch_tweak did not create it" if marker is None or not marker.created_root else "it holds files torch_tweak did not write"
+    listed = f"; not torch_tweak's, kept: {', '.join(kept[:10])}{', ...' if len(kept) > 10 else ''}" if kept else ""
+    print(f"cleared torch_tweak's files from {root} ({removed}); kept the folder itself ({why}){listed}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,8 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     cache = commands.add_parser("cache", help="list or clear torch_tweak's cache folder",
                                 description="List or clear torch_tweak's cache folder (tt.config.cache_dir, "
-                                "TORCH_TWEAK_CACHE_DIR). Clearing refuses a folder torch_tweak did not create.")
-    cache.add_argument("action", choices=["list", "clear"], help="list: show what is cached; clear: delete it")
+                                "TORCH_TWEAK_CACHE_DIR). Clearing deletes only what torch_tweak wrote there (as its "
+                                ".torch_tweak_cache marker records) and refuses a folder without that marker.")
+    cache.add_argument("action", choices=["list", "clear"], help="list: show what is cached; clear: delete what torch_tweak wrote")
     cache.add_argument("--cache-dir", metavar="DIR", help="the cache folder (default: tt.config.cache_dir)")
     cache.set_defaults(func=_cache)
     return parser

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +11,8 @@ import torch
 
 from torch_tweak.errors import ConfigError, TuningError
 from torch_tweak.torch._device import get_device
+from torch_tweak.torch.cache import cache_folder, cache_root
+from torch_tweak.torch.cache import clear_cache as _clear_cache
 from torch_tweak.torch.config import config
 from torch_tweak.torch.dataset import dataset_items, iter_batches
 from torch_tweak.torch.module.session import RecordingSession, recording
@@ -20,12 +21,9 @@ from torch_tweak.torch.report import progress
 from torch_tweak.torch.report.report import GraphReport, ModuleReport, TuningReport
 from torch_tweak.torch.report.session import reporting
 from torch_tweak.torch.tune_strategy.base import GraphTask, TuneStrategy
-from torch_tweak.utils.permissions import secure_mkdir
 from torch_tweak.utils.trace import annotate
 
 logger = logging.getLogger(__name__)
-
-CACHE_MARKER = ".torch_tweak_cache"
 
 
 @annotate(domain="Torch Tweak")
@@ -49,7 +47,8 @@ def tune(
         max_num_batches_per_batch_size: cap on calls per batch size (None: the whole dataset).
         device: ``"cpu"`` (default, ``tt.config.default_device``), ``"xpu"`` or ``"xpu:N"``.
         dry_run: record and detect graphs only; nothing is built.
-        clear_cache: delete torch_tweak's cache folder first.
+        clear_cache: first delete what torch_tweak wrote in its cache folder (files it did not write stay;
+            see ``torch_tweak.torch.cache.clear_cache``).
         ignore_failing_modules: a module whose tuning fails runs its original code (the error is in the
             report); with False the error propagates.
 
@@ -68,7 +67,9 @@ def tune(
         raise ConfigError(f"func must be callable (a module, pipeline or function), got {type(func).__name__}.")
     items = dataset_items(dataset)
     if clear_cache:
-        clear_cache_dir()
+        _clear_cache()
+    if not dry_run:
+        cache_root()  # refuse an unusable cache folder before recording, not once per module
 
     session = RecordingSession()
     progress.update(phase="record")
@@ -132,7 +133,6 @@ def tune_module(
             report.graphs.append(GraphReport(name=spec.name, strategy=strat.describe(), spec=spec.to_dict()))
             logger.info("Module %s (dry run), strategy %s\n%s", module.name, strat.describe(), spec.describe())
         return report
-    module_dir = config.cache_dir / module.name
     built: list[Any] = []
     try:
         for graph, spec, strat in zip(recorders, specs, strategies):
@@ -140,7 +140,7 @@ def tune_module(
             graph_report = GraphReport(name=spec.name, spec=spec.to_dict())
             report.graphs.append(graph_report)
             task = GraphTask(module.wrapped, module.name, spec, graph.samples, target,
-                             _ensure_cache_root() and secure_mkdir(module_dir / spec.name), graph_report)
+                             cache_folder(module.name, spec.name), graph_report)
             built.append(strat.tune(task))
     except Exception:
         for backend in built:
@@ -197,22 +197,3 @@ def _batch_sizes(batch_sizes: list[int] | None) -> list[int]:
         logger.warning("Only one batch size (%d): batch axes cannot be detected, shapes are treated as static.", sizes[0])
     return sizes
 
-
-def _ensure_cache_root() -> bool:
-    root = secure_mkdir(config.cache_dir)
-    (root / CACHE_MARKER).touch(exist_ok=True)
-    return True
-
-
-def clear_cache_dir() -> None:
-    """Delete torch_tweak's cache folder; refuses a folder torch_tweak did not create."""
-    root = config.cache_dir
-    if not root.exists():
-        return
-    if not (root / CACHE_MARKER).is_file():
-        raise ConfigError(
-            f"Refusing to delete {root}: it has no {CACHE_MARKER} marker, so it may not be torch_tweak's cache. "
-            "Point tt.config.cache_dir at torch_tweak's own folder."
-        )
-    shutil.rmtree(root)
-    logger.info("Cleared cache directory %s", root)

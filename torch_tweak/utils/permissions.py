@@ -1,7 +1,8 @@
 """Owner-only files and folders.
 
 Folders are created with mode 0o700 and files restricted to 0o600, so tuned artifacts, logs and
-checkpoints in a shared machine are readable only by their owner.
+checkpoints in a shared machine are readable only by their owner. Folders that already exist are
+never re-permissioned: they belong to whoever created them.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ SECURE_FILE_MODE = 0o600
 def secure_mkdir(path: str | Path) -> Path:
     """Create ``path`` (and missing parents) with owner-only permissions and return it.
 
-    Folders that this call creates get mode 0o700 from the start; an existing leaf folder is
-    restricted with chmod.
+    Only the folders that this call creates are made owner-only (mode 0o700, set again with chmod so
+    that an unusual umask cannot leave them unusable). A folder that already exists keeps its mode:
+    it may be a user's or a shared folder (``/tmp``), and re-permissioning it is not ours to do.
     """
     path = Path(path)
     missing = []
@@ -31,8 +33,10 @@ def secure_mkdir(path: str | Path) -> Path:
         try:
             os.mkdir(folder, SECURE_DIR_MODE)
         except FileExistsError:
-            pass
-    os.chmod(path, SECURE_DIR_MODE)
+            continue
+        os.chmod(folder, SECURE_DIR_MODE)
+    if not path.is_dir():
+        raise NotADirectoryError(f"{path} exists but is not a folder, so nothing can be written in it; move it away.")
     return path
 
 

@@ -1,8 +1,9 @@
 """What surrounds every ``tt.tune`` call: the progress display, the environment block, the stored report.
 
 :func:`reporting` decorates ``tune``: it records the environment when tuning starts, shows progress
-while it runs, and writes the finished report to ``<cache_dir>/reports/<UTC timestamp>.json``. Storing
-the report never fails the tune (a problem is logged as a warning).
+while it runs, and writes the finished report to ``<cache_dir>/reports/<UTC timestamp>.json`` (a folder
+made and recorded by :func:`torch_tweak.torch.cache.cache_folder`). Storing the report never fails the
+tune (a problem is logged as a warning).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import Any, TypeVar
 from torch_tweak.torch.report import progress as _progress
 from torch_tweak.torch.report.environment import collect_environment
 from torch_tweak.torch.report.report import TuningReport
-from torch_tweak.utils.permissions import secure_mkdir
 
 logger = logging.getLogger(__name__)
 
@@ -35,10 +35,9 @@ def reports_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 def store_report(report: TuningReport) -> Path:
     """Write ``report`` to ``<cache_dir>/reports/<timestamp>.json`` (owner-only) and return the path."""
-    from torch_tweak.torch.tuning import _ensure_cache_root
+    from torch_tweak.torch.cache import cache_folder
 
-    _ensure_cache_root()
-    folder = secure_mkdir(reports_dir())
+    folder = cache_folder(REPORTS_FOLDER)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     path = folder / f"{stamp}.json"
     suffix = 1
