@@ -1,6 +1,6 @@
 """Models for the checkpoint tests, and a fresh-process loader.
 
-    python tests/checkpoint_child.py KIND CHECKPOINT DATA OUT [--seed N] [--device-map JSON]
+    python tests/checkpoint_child.py KIND CHECKPOINT DATA OUT [--seed N] [--device-map JSON] [--trust-native-code] [--verify-key HEX]
 
 builds model KIND (with weights from ``--seed``, so that weights the checkpoint must provide differ from
 the saving process's), loads CHECKPOINT into it with ``tt.load``, runs the inputs stored in DATA (a
@@ -99,6 +99,8 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--seed", type=int, default=99)
     parser.add_argument("--device-map", default=None)
+    parser.add_argument("--trust-native-code", action="store_true")
+    parser.add_argument("--verify-key", default=None, help="an HMAC secret, hex")
     args = parser.parse_args()
     torch.set_num_threads(1)
     import torch_tweak.torch as tt
@@ -106,7 +108,9 @@ def main() -> None:
     counts = install_compile_counters()
     model = build(args.kind, args.seed)
     start = time.perf_counter()
-    loaded = tt.load(model, args.checkpoint, device_map=json.loads(args.device_map) if args.device_map else None)
+    loaded = tt.load(model, args.checkpoint, device_map=json.loads(args.device_map) if args.device_map else None,
+                     trust_native_code=args.trust_native_code,
+                     verify_key=bytes.fromhex(args.verify_key) if args.verify_key else None)
     load_s = time.perf_counter() - start
     inputs = load_file(args.data)
     outputs = {}

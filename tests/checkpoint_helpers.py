@@ -62,7 +62,8 @@ def write_zip(path: Path, entries: list[tuple[zipfile.ZipInfo | str, bytes]], su
 def resign(content: dict[str, bytes], data: dict) -> dict[str, bytes]:
     """Members with ``data`` as a manifest whose file table matches ``content`` (as an attacker could write)."""
     content = {n: d for n, d in content.items() if n != "manifest.json"}
-    data["files"] = {n: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in content.items()}
+    data["files"] = {n: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in content.items()
+                     if n != "signature.json"}  # the signature covers the manifest, so the manifest does not list it
     content["manifest.json"] = json.dumps(data).encode()
     return content
 

@@ -11,6 +11,8 @@ import pytest
 _SESSION_TMP = tempfile.mkdtemp(prefix="torch_tweak_tests_")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_SESSION_TMP, "inductor"))
 os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+# Child processes (fresh-process load tests) inherit a cache folder of the test session, never ~/.cache.
+os.environ["TORCH_TWEAK_CACHE_DIR"] = os.path.join(_SESSION_TMP, "cache")
 
 import torch  # noqa: E402
 

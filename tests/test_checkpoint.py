@@ -156,15 +156,15 @@ def test_fresh_process_pipeline_with_openvino_and_eager(tmp_path):
     assert all(v == 0 for v in info["compiles"].values()) and info["dynamo_frames"] == 0
 
 
-def _fresh_process_single(tmp_path, backend, kind: str, atol: float) -> dict:
+def _fresh_process_single(tmp_path, backend, kind: str, atol: float, *child_args: str, **save_kwargs) -> dict:
     model = build(kind)
     wrapped = tt.Module(model, name=kind, strategy=tt.OneBackendStrategy(backend))
     shape = (3, 8, 8) if kind == "cnn" else (64,)
     tt.tune(wrapped, [torch.randn(*shape) for _ in range(2)])
     inputs = [torch.randn(2, *shape), torch.randn(1, *shape)]
     expected = [wrapped(x) for x in inputs]
-    tt.save(wrapped, tmp_path / "m.tt")
-    outputs, info = run_fresh(kind, tmp_path / "m.tt", inputs, tmp_path)
+    tt.save(wrapped, tmp_path / "m.tt", **save_kwargs)
+    outputs, info = run_fresh(kind, tmp_path / "m.tt", inputs, tmp_path, *child_args)
     for got, want in zip(outputs, expected):
         torch.testing.assert_close(got, want, atol=atol, rtol=atol)
     assert info["returned"] == "tt.Module" and info["states"] == {kind: "TUNED"}
@@ -180,8 +180,17 @@ def test_fresh_process_eager(tmp_path):
 def test_fresh_process_inductor_aot_loads_without_compiling(tmp_path):
     from torch_tweak.torch.backend import TorchInductorAOTBackend
 
-    info = _fresh_process_single(tmp_path, TorchInductorAOTBackend(), "cnn", 1e-5)
+    info = _fresh_process_single(tmp_path, TorchInductorAOTBackend(), "cnn", 1e-5, "--trust-native-code")
     assert sum(info["compiles"].values()) == 0 and info["dynamo_frames"] == 0
+
+
+@pytest.mark.slow
+def test_fresh_process_signed_native_checkpoint_loads_with_the_key(tmp_path):
+    from torch_tweak.torch.backend import TorchInductorAOTBackend
+
+    secret = bytes(range(32))
+    _fresh_process_single(tmp_path, TorchInductorAOTBackend(), "cnn", 1e-5, "--verify-key", secret.hex(),
+                          signing_key=secret)
 
 
 @pytest.mark.slow

@@ -288,14 +288,16 @@ def test_environment_changes_warn_and_native_code_falls_back(tmp_path, monkeypat
     del wrapped
     gc.collect()
     rewrite(tmp_path / "n.tt", lambda m: m["environment"].update(torch="1.0.0"))
+    with pytest.raises(CheckpointError, match=r"carries native code .*\['native'\].*trust_native_code=True"):
+        tt.load(mlp(seed=3), tmp_path / "n.tt")
     with pytest.warns(CheckpointWarning, match=r"torch 1.0.0 → "):
-        loaded = tt.load(mlp(seed=3), tmp_path / "n.tt")
+        loaded = tt.load(mlp(seed=3), tmp_path / "n.tt", trust_native_code=True)
     assert loaded.state is tt.ModuleState.TUNED and torch.allclose(loaded(x), expected)
     del loaded
     gc.collect()
     monkeypatch.setattr(manifest, "cpu_model_and_flags", lambda: ("old cpu", frozenset({"sse4_2"})))
     with pytest.warns(CheckpointWarning) as caught:
-        loaded = tt.load(mlp(seed=3), tmp_path / "n.tt")
+        loaded = tt.load(mlp(seed=3), tmp_path / "n.tt", trust_native_code=True)
     assert any("which this CPU lacks" in str(w.message) for w in caught)
     assert loaded.state is tt.ModuleState.PASSTHROUGH  # the original module, with the checkpoint's weights
     assert torch.allclose(loaded(x), expected)

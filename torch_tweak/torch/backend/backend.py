@@ -64,6 +64,16 @@ class BackendConfig:
         default = self.__class__()
         return ",".join(self._get_changed_fields(self, default))
 
+    def unsafe_settings(self) -> list[str]:
+        """Settings that could make loading run a program or touch files outside a checkpoint.
+
+        A checkpoint may come from a stranger, so ``tt.load`` refuses a config for which this list is not
+        empty, and ``tt.save`` refuses to write one. Each entry says which setting and why. Fields validated
+        by type and range in ``__post_init__`` are inert; a config with free-form options (compiler flags,
+        folders) overrides this and allows only keys known to be inert.
+        """
+        return []
+
     def to_dict(self) -> dict[str, Any]:
         """Returns the state_dict of the backend."""
         return asdict(self)
@@ -131,6 +141,14 @@ class Backend(ABC):
 
     _devices: ClassVar[tuple[str, ...]] = ("cpu", "xpu")
     requires_original_module: ClassVar[bool] = False
+    #: True if the artifacts are native code that runs as soon as they are loaded (AOTInductor packages hold a
+    #: shared object): checkpoints carrying them load only with ``trust_native_code=True`` or a valid signature.
+    native_code: ClassVar[bool] = False
+    #: Keys of :meth:`to_dict` whose values are artifact paths (``pathlib.Path``). A checkpoint stores them as
+    #: archive members and refuses a manifest in which one of them is anything else (e.g. a path on disk).
+    artifact_keys: ClassVar[tuple[str, ...]] = ()
+    #: The config class whose ``from_dict`` reads ``to_dict()["config"]`` (lets ``verify`` check it unloaded).
+    config_class: ClassVar[type[BackendConfig] | None] = None
     #: The runtime whose threads run inference. Calls alternating between runtimes slow each other
     #: (their thread pools compete for the cores), so strategies combine backends of one runtime only.
     runtime: ClassVar[str] = "torch"
@@ -266,6 +284,20 @@ class Backend(ABC):
         return self._infer(*args, **kwargs)
 
     # description and serialization ------------------------------------------------------------
+
+    def components(self) -> list[Backend]:
+        """This backend and the backends it delegates to (a router's routes), for checks that need all."""
+        return [self]
+
+    def unsafe_settings(self) -> list[str]:
+        """Settings of this backend (and its components) that a checkpoint must not carry: see
+        :meth:`BackendConfig.unsafe_settings`."""
+        found: list[str] = []
+        for backend in self.components():
+            config = getattr(backend, "_config", None)
+            if isinstance(config, BackendConfig):
+                found.extend(config.unsafe_settings())
+        return found
 
     def key(self) -> str:
         """Returns the key of the backend: class name and a stable hash of the config's JSON."""

@@ -89,6 +89,10 @@ class BatchRouterBackend(Backend):
         """The ``(max_batch_size, backend)`` pairs, smallest range first."""
         return list(self._routes)
 
+    def components(self) -> list[Backend]:
+        """The router and every route's backend."""
+        return [self, *self._backends]
+
     @property
     def executed_precision(self) -> str:
         """The routes' precisions, ``/``-separated when they differ (``fp32/bf16``)."""

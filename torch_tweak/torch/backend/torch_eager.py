@@ -75,6 +75,7 @@ class TorchEagerBackend(Backend):
     """Runs the original module in eager PyTorch (under ``no_grad``, optionally autocast)."""
 
     requires_original_module = True
+    config_class = TorchEagerBackendConfig
 
     def __init__(self, config: TorchEagerBackendConfig | None = None) -> None:
         super().__init__()

@@ -159,6 +159,47 @@ class TorchInductorBackendConfig(BackendConfig):
         if self.options is not None:
             self.options = validate_inductor_options(self.options, owner)
 
+    def unsafe_settings(self) -> list[str]:
+        """Inductor options outside the inert allowlist (see :func:`unsafe_inductor_options`)."""
+        return unsafe_inductor_options(self.options)
+
+
+def _flag(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _int_in(low: int, high: int, allow_none: bool = False) -> Callable[[Any], bool]:
+    return lambda value: (value is None and allow_none) or (type(value) is int and low <= value <= high)
+
+
+def _gemm_backends(value: Any) -> bool:
+    return isinstance(value, str) and bool(value) and set(value.upper().split(",")) <= {"ATEN", "CPP", "TRITON"}
+
+
+#: Inductor options a checkpoint may carry, with the values allowed. They change what code Inductor
+#: generates, never which programs it runs or which files and folders it reads or writes (unlike
+#: ``cpp.cxx``, ``cpp.*_flags``, ``debug_dir``, ``trace.*`` or cache folders, which are refused).
+INERT_INDUCTOR_OPTIONS: dict[str, Callable[[Any], bool]] = {
+    **dict.fromkeys(("freezing", "max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "epilogue_fusion",
+                     "pattern_matcher", "aggressive_fusion", "coordinate_descent_tuning", "shape_padding",
+                     "layout_optimization", "keep_output_stride", "cpp.weight_prepack", "cpp.dynamic_threads"), _flag),
+    "cpp.simdlen": _int_in(1, 4096, allow_none=True),
+    "cpp.threads": _int_in(-1, 4096),
+    "max_autotune_gemm_backends": _gemm_backends,
+}
+
+
+def unsafe_inductor_options(options: dict[str, Any] | None) -> list[str]:
+    """The ``options`` that are not in :data:`INERT_INDUCTOR_OPTIONS` or have a value it does not allow."""
+    found = []
+    for key, value in (options or {}).items():
+        check = INERT_INDUCTOR_OPTIONS.get(key)
+        if check is None:
+            found.append(f"Inductor option {key!r} is not on the list of inert options")
+        elif not check(value):
+            found.append(f"Inductor option {key!r} has the value {value!r:.60}, which is not allowed in a checkpoint")
+    return found
+
 
 def validate_inductor_options(options: Any, owner: str) -> dict[str, Any]:
     """Check that ``options`` is a dict of known Inductor options with JSON-able values."""
@@ -188,6 +229,7 @@ class TorchInductorBackend(Backend):
     """
 
     requires_original_module = True
+    config_class = TorchInductorBackendConfig
 
     def __init__(self, config: TorchInductorBackendConfig | None = None) -> None:
         super().__init__()

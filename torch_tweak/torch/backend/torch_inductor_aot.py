@@ -22,7 +22,7 @@ from torch import nn
 from torch_tweak.errors import BuildError, ConfigError, ConversionError, UnsupportedDeviceError
 from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
-from torch_tweak.torch.backend.torch_inductor import build_failure, validate_inductor_options
+from torch_tweak.torch.backend.torch_inductor import build_failure, unsafe_inductor_options, validate_inductor_options
 from torch_tweak.torch.module._forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample, flatten_sample, unflatten
@@ -54,6 +54,10 @@ class TorchInductorAOTBackendConfig(BackendConfig):
         if self.options is not None:
             self.options = validate_inductor_options(self.options, owner)
 
+    def unsafe_settings(self) -> list[str]:
+        """Inductor options outside the inert allowlist (see :func:`unsafe_inductor_options`)."""
+        return unsafe_inductor_options(self.options)
+
 
 def export_graph(module: nn.Module, graph_spec: GraphSpec, data: list[Sample], strict: bool) -> Any:
     """``torch.export`` one graph of ``module`` through :class:`FlatForward`; raise :class:`ConversionError`.
@@ -84,6 +88,10 @@ class TorchInductorAOTBackend(Backend):
     Checkpoints store the config, the graph spec (the output structure included) and the package file
     (``to_dict()["package"]`` is a :class:`pathlib.Path`); no tensors and no recorded inputs.
     """
+
+    native_code = True  # the .pt2 holds a shared object whose constructors run when it is loaded
+    artifact_keys = (STATE_PACKAGE,)
+    config_class = TorchInductorAOTBackendConfig
 
     requires_original_module = False
 

@@ -223,6 +223,7 @@ class TorchAOBackend(Backend):
     """Quantizes a copy of the module with torchao, compiles it with Inductor and warms it up at build."""
 
     requires_original_module = True
+    config_class = TorchAOBackendConfig
 
     def __init__(self, config: TorchAOBackendConfig | None = None) -> None:
         super().__init__()

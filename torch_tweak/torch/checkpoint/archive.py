@@ -4,17 +4,24 @@ Reading trusts nothing until it has been checked. :func:`open_verified` checks t
 that are relative, plain and unique; regular files only; no encryption; stored or deflated; sizes within
 :data:`LIMITS`), that the sums file lists exactly the archive's members, and that the manifest's own file
 table agrees with both. It then reads every member and compares its size and SHA-256 with the manifest
-and the sums file. Only a verified archive can be extracted, into a fresh private folder, and extraction
-hashes every member again so that a file changed in between is caught as well.
+and the sums file. Only a verified archive can be extracted, and only the members the caller names (those
+a backend refers to), into a fresh private folder, after checking that the disk has room; extraction hashes
+every member again so that a file changed in between is caught as well.
+
+The sums file proves integrity, not origin: whoever sent a checkpoint can rewrite it. The checks here keep
+a crafted archive from escaping its folder, exhausting the disk or hiding members; what the manifest may
+say is checked by the loader (:mod:`.codec`), and who wrote it by a signature (:mod:`.signing`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
 import re
+import shutil
 import stat
 import zipfile
 from collections.abc import Callable, Iterator
@@ -24,6 +31,7 @@ from typing import Any
 
 from torch_tweak.errors import CheckpointError
 from torch_tweak.torch.checkpoint.manifest import MANIFEST_NAME, check_header, parse_json
+from torch_tweak.torch.checkpoint.signing import SIGNATURE_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +50,11 @@ class Limits:
     max_members: int = 100_000
     max_manifest_bytes: int = 64 << 20
     max_sums_bytes: int = 16 << 20
+    max_signature_bytes: int = 64 << 10
+    #: Largest compression ratio of a member over ``ratio_min_bytes`` (tt.save stores binaries uncompressed
+    #: and deflates JSON/XML text, which stays far below this; a "zip bomb" is far above).
+    max_compression_ratio: int = 200
+    ratio_min_bytes: int = 1 << 20
 
 
 LIMITS = Limits()
@@ -139,6 +152,10 @@ def _check_structure(path: Path, infos: list[zipfile.ZipInfo]) -> dict[str, zipf
             raise _fail(path, f"has a member {name!r} of {info.file_size} bytes, over the limit of "
                         f"{LIMITS.max_member_bytes} bytes", "Raise torch_tweak.torch.checkpoint.archive.LIMITS "
                         "if you trust this file.")
+        if info.file_size > LIMITS.ratio_min_bytes and info.file_size > info.compress_size * LIMITS.max_compression_ratio:
+            raise _fail(path, f"has a member {name!r} that expands {info.file_size} bytes from {info.compress_size} "
+                        f"(ratio over {LIMITS.max_compression_ratio}); tt.save never compresses that much, so it is "
+                        "refused as a decompression bomb", _TAMPERED)
         total += info.file_size
         members[name] = info
         folded.add(name.lower())
@@ -158,6 +175,9 @@ class VerifiedArchive:
                  manifest: dict[str, Any], sums: dict[str, str]) -> None:
         self.path = path
         self.manifest = manifest
+        #: The manifest exactly as stored (what a signature covers) and ``signature.json`` (None if unsigned).
+        self.manifest_bytes = b""
+        self.signature: bytes | None = None
         self._zip = zf
         self._members = members
         self._sums = sums
@@ -189,21 +209,36 @@ class VerifiedArchive:
     def verify_members(self) -> None:
         """Hash every member (without writing anything) and compare with the manifest and the sums file."""
         for name in self.names:
-            if name != MANIFEST_NAME:
+            if name not in (MANIFEST_NAME, SIGNATURE_NAME):
                 self._check_digest(name, self._stream(name, lambda chunk: None))
 
-    def extract(self, dest: Path) -> None:
-        """Write every member under the new private folder ``dest`` (0o700 folders, 0o600 files), hashing again."""
-        for name in self.names:
-            if name == MANIFEST_NAME:
-                continue
+    def extract(self, dest: Path, names: set[str]) -> None:
+        """Write members ``names`` under the new private folder ``dest`` (0o700 folders, 0o600 files), hashing
+        them again; nothing else of the archive reaches the disk."""
+        unknown = sorted(names - set(self._members) | names & {MANIFEST_NAME, SIGNATURE_NAME})
+        if unknown:
+            raise _fail(self.path, f"has no extractable member(s) {unknown[:5]}", _TAMPERED)
+        needed = sum(self._members[n].file_size for n in names)
+        try:
+            free = shutil.disk_usage(dest).free
+        except OSError:
+            free = needed
+        if needed > free:
+            raise _fail(self.path, f"needs {needed} bytes to extract, but {dest} has {free} bytes free",
+                        "Free some space, or point tt.config.cache_dir (TORCH_TWEAK_CACHE_DIR) at a larger disk.")
+        for name in sorted(names):
             target = dest.joinpath(*name.split("/"))
-            for parent in reversed(target.relative_to(dest).parents[:-1]):
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(dest / parent, 0o700)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-            with os.fdopen(os.open(target, flags, 0o600), "wb") as out:
-                sha = self._stream(name, out.write)
+            try:
+                for parent in reversed(target.relative_to(dest).parents[:-1]):
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(dest / parent, 0o700)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                with os.fdopen(os.open(target, flags, 0o600), "wb") as out:
+                    sha = self._stream(name, out.write)
+            except OSError as exc:
+                hint = "The disk is full; free some space." if exc.errno == errno.ENOSPC else (
+                    "Check that the folder is writable, or point tt.config.cache_dir at one that is.")
+                raise _fail(self.path, f"could not be extracted to {target} ({exc.strerror or exc})", hint) from exc
             self._check_digest(name, sha)
 
     def close(self) -> None:
@@ -248,9 +283,16 @@ def open_verified(path: str | os.PathLike[str]) -> Iterator[VerifiedArchive]:
         chunks: list[bytes] = []
         archive = VerifiedArchive(path, zf, members, {"files": {}}, sums)
         archive._check_digest(MANIFEST_NAME, archive._stream(MANIFEST_NAME, chunks.append))
-        manifest = parse_json(b"".join(chunks), f"{path} ({MANIFEST_NAME})")
+        archive.manifest_bytes = b"".join(chunks)
+        manifest = parse_json(archive.manifest_bytes, f"{path} ({MANIFEST_NAME})")
         check_header(manifest, path)
         _check_file_table(path, manifest.get("files"), members, sums)
+        if SIGNATURE_NAME in members:
+            if members[SIGNATURE_NAME].file_size > LIMITS.max_signature_bytes:
+                raise _fail(path, f"has a {SIGNATURE_NAME} over {LIMITS.max_signature_bytes} bytes", _TAMPERED)
+            signature: list[bytes] = []
+            archive._check_digest(SIGNATURE_NAME, archive._stream(SIGNATURE_NAME, signature.append))
+            archive.signature = b"".join(signature)
         archive.manifest = manifest
         archive.verify_members()
         yield archive
@@ -265,7 +307,7 @@ def open_verified(path: str | os.PathLike[str]) -> Iterator[VerifiedArchive]:
 def _check_file_table(path: Path, files: Any, members: dict[str, zipfile.ZipInfo], sums: dict[str, str]) -> None:
     if not isinstance(files, dict):
         raise _fail(path, "has a manifest without a 'files' table", _TAMPERED)
-    expected = set(members) - {MANIFEST_NAME}
+    expected = set(members) - {MANIFEST_NAME, SIGNATURE_NAME}
     if set(files) != expected:
         odd = sorted(set(files) ^ expected)[:5]
         raise _fail(path, f"has a manifest whose file table disagrees with the archive members (e.g. {odd})", _TAMPERED)

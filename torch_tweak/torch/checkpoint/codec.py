@@ -21,30 +21,88 @@ from typing import Any
 
 import torch
 
-from torch_tweak.errors import CheckpointError
+from torch_tweak.errors import CheckpointError, ConfigError
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.module.tree import qualified_name
 
 MARKER = "$tt"
-NATIVE_CODE_BACKENDS = frozenset({"TorchInductorAOTBackend"})
 _REGISTERED: dict[str, type[Backend]] = {}
 
 
 def is_native(cls: type[Backend]) -> bool:
-    """True if the backend's artifacts are machine code compiled for the saving CPU (it cannot run elsewhere).
+    """True if the backend's artifacts are native code, run as soon as they are loaded and compiled for the
+    saving CPU (AOTInductor packages); a custom backend says so with ``native_code = True``."""
+    return bool(getattr(cls, "native_code", False))
 
-    Built-in: AOTInductor packages. A custom backend says so with a class attribute ``native_code = True``.
-    """
-    return bool(getattr(cls, "native_code", False)) or any(c.__name__ in NATIVE_CODE_BACKENDS for c in cls.__mro__)
 
+def components(backend_type: str, backend_class: str, state: Any) -> list[tuple[str, str, Any]]:
+    """``(type, class, state)`` of a stored backend and, for a :class:`BatchRouterBackend`, of each route's."""
+    found = [(backend_type, backend_class, state)]
+    if backend_type == "BatchRouterBackend" and isinstance(state, dict) and isinstance(state.get("routes"), list):
+        found += [(r["backend_type"], r.get("backend_class"), r.get("state")) for r in state["routes"]
+                  if isinstance(r, dict) and isinstance(r.get("backend_type"), str)]
+    return found
 
 
 def route_types(backend_type: str, state: Any) -> list[str]:
     """``backend_type`` and, for a :class:`BatchRouterBackend` state, the types of its routes' backends."""
-    if backend_type != "BatchRouterBackend" or not isinstance(state, dict) or not isinstance(state.get("routes"), list):
-        return [backend_type]
-    return [backend_type, *(r["backend_type"] for r in state["routes"]
-                            if isinstance(r, dict) and isinstance(r.get("backend_type"), str))]
+    return [t for t, _, _ in components(backend_type, "", state)]
+
+
+def check_backend_state(backend_type: str, backend_class: str, state: Any, where: str) -> list[type[Backend]]:
+    """Resolve the classes of a stored backend (and its routes) and refuse a state a stranger could abuse.
+
+    Every key a class declares in ``artifact_keys`` must be an archive-member reference (never a path on
+    disk), and the stored config must rebuild with no :meth:`BackendConfig.unsafe_settings` (options that
+    could run a program or touch files). Returns the classes, outermost first. Nothing is loaded or run.
+    """
+    classes = []
+    for type_name, class_name, sub in components(backend_type, backend_class, state):
+        if not isinstance(class_name, str) or not isinstance(sub, dict):
+            raise CheckpointError(f"The manifest's {where} has a malformed backend entry; the checkpoint is corrupt.")
+        cls = resolve_backend(type_name, class_name, where)
+        for key in cls.artifact_keys:
+            value = sub.get(key)
+            if value is not None and not (isinstance(value, dict) and value.get(MARKER) == "artifact"):
+                raise CheckpointError(
+                    f"{where}: the {type_name} state's {key!r} is {str(value)[:120]!r}, not a file inside the "
+                    "checkpoint. Checkpoints refer to artifacts only as archive members, so this one was edited "
+                    "to point elsewhere; do not load it."
+                )
+        config_class = cls.config_class
+        if config_class is not None and isinstance(sub.get(Backend.STATE_CONFIG), dict):
+            try:
+                config = config_class.from_dict(sub[Backend.STATE_CONFIG])
+            except (ConfigError, TypeError, ValueError) as exc:
+                raise CheckpointError(f"{where}: the stored {type_name} config is invalid ({exc}).") from exc
+            unsafe = config.unsafe_settings()
+            if unsafe:
+                raise CheckpointError(
+                    f"{where}: the stored {type_name} config has settings a checkpoint may not carry: "
+                    f"{'; '.join(unsafe)}. They could run a program or touch files when the checkpoint is loaded; "
+                    "do not load it unless you wrote it (then remove those options and save again)."
+                )
+        classes.append(cls)
+    return classes
+
+
+def referenced_members(state: Any, names: list[str]) -> set[str]:
+    """Archive members that the artifact references in ``state`` use (a folder reference uses its files)."""
+    found: set[str] = set()
+    stack = [state]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            member = value.get("member")
+            if value.get(MARKER) == "artifact" and isinstance(member, str) and value.get("kind") == "file":
+                found.add(member)
+            elif value.get(MARKER) == "artifact" and isinstance(member, str):
+                found.update(n for n in names if n.startswith(member + "/"))
+            else:
+                stack.extend(value.values())
+    return found
 
 
 def encode_state(value: Any, where: str, on_path: Callable[[Path, str], dict[str, Any]],

@@ -1,8 +1,9 @@
 """``tt.load``: restore tuned modules from a checkpoint into a model or pipeline, without tuning again.
 
-Loading runs in two phases. The first changes nothing: it verifies the archive, checks that every stored
-module is found at its path with the same class and tensors, resolves the backend classes, extracts the
-verified members into a private folder and recreates the backends with ``from_dict``. The second wraps
+Loading runs in two phases. The first changes nothing: it verifies the archive, audits what the manifest
+asks for (:mod:`.audit`: backend classes, artifact references, inert settings, native code, signature),
+checks that every stored module is found at its path with the same class and tensors, extracts the members
+the modules use into a private folder and recreates the backends with ``from_dict``. The second wraps
 the modules, puts stored tensors in place and deploys the backends; every change is journaled, and if
 anything fails the journal is undone so the caller's model is left as it was.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -26,15 +28,11 @@ from torch import nn
 from torch_tweak.errors import CheckpointError, ConfigError
 from torch_tweak.torch._device import get_device
 from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.torch.cache import cache_folder
 from torch_tweak.torch.checkpoint import weights
 from torch_tweak.torch.checkpoint.archive import VerifiedArchive, member_name_problem, open_verified
-from torch_tweak.torch.checkpoint.codec import (
-    check_structure_types,
-    decode_state,
-    is_native,
-    resolve_backend,
-    route_types,
-)
+from torch_tweak.torch.checkpoint.audit import Audit, audit, check_trust
+from torch_tweak.torch.checkpoint.codec import check_structure_types, decode_state, route_types
 from torch_tweak.torch.checkpoint.locate import Slot, nested_prefixes, place, put_back, resolve
 from torch_tweak.torch.checkpoint.manifest import (
     EnvironmentDiff,
@@ -49,7 +47,7 @@ from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import qualified_name
 from torch_tweak.torch.module.wrapper import Module, ModuleState, proxy_of, registered_modules, release
 from torch_tweak.torch.tuning import _offload
-from torch_tweak.utils.permissions import secure_mkdir
+from torch_tweak.utils.leftovers import owner_tag, remove_leftovers
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +103,7 @@ def _device_map(device_map: Any, names: list[str]) -> dict[str, torch.device]:
 
 
 def _plan(obj: Any, entry: ModuleEntry, entries: list[ModuleEntry], devices: dict[str, torch.device],
-          diff: EnvironmentDiff) -> _Plan:
+          diff: EnvironmentDiff, checked: Audit) -> _Plan:
     slot = resolve(obj, entry.path, entry.name)
     where = path_text(entry.path)
     proxy = proxy_of(slot.value)
@@ -124,10 +122,9 @@ def _plan(obj: Any, entry: ModuleEntry, entries: list[ModuleEntry], devices: dic
     types = [t for g in entry.graphs for t in route_types(g.backend_type, g.state)]
     plan = _Plan(entry, slot, inner, proxy, nested, devices.get(entry.name),
                  bool(diff.missing_flags or diff.relevant_to(types)))
-    plan.classes = [resolve_backend(g.backend_type, g.backend_class, f"Module {entry.name!r}, graph {g.name!r}")
-                    for g in entry.graphs]
+    plan.classes = [classes[0] for classes in checked.classes[entry.name]]
     plan.old_backends = list(proxy._tt_routes.values()) if proxy is not None else []
-    if diff.missing_flags and (any(g.native_code for g in entry.graphs) or any(is_native(c) for c in plan.classes)):
+    if diff.missing_flags and entry.name in checked.native:
         plan.fallback = (f"its compiled code may use {', '.join(diff.missing_flags)}, which this CPU lacks")
     return plan
 
@@ -136,9 +133,7 @@ def _prepare(plan: _Plan, archive: VerifiedArchive, root: Path) -> None:
     """Load tensors, decode states and recreate the backends (CHECKPOINT_LOADED); nothing is deployed yet."""
     entry = plan.entry
     loaded: dict[str, torch.Tensor] = {}
-    if entry.weights is not None:
-        if entry.weights not in archive.names or member_name_problem(entry.weights):
-            raise CheckpointError(f"Module {entry.name!r}: tensor file {entry.weights!r} is not in the checkpoint.")
+    if entry.weights is not None:  # present and named safely: checked by the audit
         loaded = weights.read_safetensors(root / entry.weights, entry.weights)
     if entry.stores_weights:
         plan.weights = weights.module_weights(loaded, entry.aliases, [n for n, _, _ in entry.parameters], entry.name)
@@ -243,20 +238,36 @@ def _restore(plan: _Plan, holder: _Extracted, journal: list[Callable[[], None]])
     return proxy
 
 
-def _workdir() -> Path:
+_LOAD_FOLDER = re.compile(r"load_(?P<tag>\d+x\d+)_[^/]+")
+
+
+def _workdir(path: Path) -> Path:
+    """A new private folder to extract into (``<cache>/checkpoints/load_<owner tag>_*``); folders of loads whose
+    process was killed are removed first."""
     try:
-        parent = secure_mkdir(config.cache_dir / "checkpoints")
-    except OSError:
-        parent = None
-    return Path(tempfile.mkdtemp(prefix="load_", dir=parent))
+        parent = cache_folder("checkpoints")
+        remove_leftovers(parent, _LOAD_FOLDER)
+        return Path(tempfile.mkdtemp(prefix=f"load_{owner_tag()}_", dir=parent))
+    except (ConfigError, OSError) as exc:
+        raise CheckpointError(f"Cannot create a folder to extract {path} into under {config.cache_dir} "
+                              f"({getattr(exc, 'strerror', None) or exc}); point tt.config.cache_dir (TORCH_TWEAK_CACHE_DIR) at a "
+                              "writable folder.") from exc
 
 
-def load(obj: Any, path: str | os.PathLike[str], device_map: dict[str, Any] | None = None) -> Any:
+def load(obj: Any, path: str | os.PathLike[str], device_map: dict[str, Any] | None = None, *,
+         trust_native_code: bool = False, verify_key: Any = None) -> Any:
     """Restore the tuned modules saved by ``tt.save`` into ``obj`` (the same model or pipeline, built fresh).
 
-    Every member of the checkpoint is verified against its manifest and sums file before anything is used.
-    Modules found at their stored paths are wrapped (if they are not already) and their backends deployed
-    without tuning again; ``device_map`` ({module name: device}) overrides the stored device per module.
+    Every member of the checkpoint is verified against its manifest and sums file, and the manifest is
+    audited as if a stranger wrote it, before anything is used (see ``docs/security.md``). Modules found at
+    their stored paths are wrapped (if they are not already) and their backends deployed without tuning
+    again; ``device_map`` ({module name: device}) overrides the stored device per module.
+
+    Args:
+        trust_native_code: allow artifacts that are native code (AOTInductor packages run their compiled
+            code as soon as they are loaded). Off by default: such a checkpoint is refused, naming the modules.
+        verify_key: require a valid signature made with ``tt.save(..., signing_key=...)``: the HMAC secret
+            (``bytes``) or the Ed25519 public key. A verified checkpoint may carry native code.
 
     Returns:
         ``obj``, or the root ``tt.Module`` when the saved object was itself a tuned ``tt.Module``.
@@ -266,18 +277,23 @@ def load(obj: Any, path: str | os.PathLike[str], device_map: dict[str, Any] | No
     """
     start = time.perf_counter()
     path = Path(path)
+    if not isinstance(trust_native_code, bool):
+        raise ConfigError(f"trust_native_code must be True or False, got {trust_native_code!r}.")
     with open_verified(path) as archive:
         entries = parse_modules(archive.manifest)
+        checked = audit(archive, entries)
+        check_trust(checked, archive, path, trust_native_code, verify_key)
         devices = _device_map(device_map, [e.name for e in entries])
         diff = compare_environment(archive.manifest.get("environment"))
-        plans = [_plan(obj, e, entries, devices, diff) for e in entries]
+        plans = [_plan(obj, e, entries, devices, diff, checked) for e in entries]
         targets = [id(p.inner) for p in plans]
         if len(set(targets)) != len(targets):
             raise CheckpointError(f"Checkpoint {path} maps two modules to the same object; it is corrupt.")
         warn_environment(diff, path, sorted({t for e in entries for g in e.graphs for t in route_types(g.backend_type, g.state)}))
-        holder = _Extracted(_workdir())
+        holder = _Extracted(_workdir(path))
         try:
-            archive.extract(holder.path)
+            archive.extract(holder.path, {m for p in plans if p.fallback is None for m in checked.members[p.entry.name]}
+                            | {p.entry.weights for p in plans if p.entry.weights is not None})
         except BaseException:
             holder.delete()
             raise

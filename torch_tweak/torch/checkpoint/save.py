@@ -16,16 +16,21 @@ import torch
 
 from torch_tweak.errors import CheckpointError
 from torch_tweak.torch.backend.backend import Backend
-from torch_tweak.torch.backend.batch_router import BatchRouterBackend
-from torch_tweak.torch.checkpoint import weights
+from torch_tweak.torch.checkpoint import signing, weights
 from torch_tweak.torch.checkpoint.archive import member_name_problem
 from torch_tweak.torch.checkpoint.codec import MARKER, encode_state, is_native
 from torch_tweak.torch.checkpoint.locate import Found, find_wrapped, nested_prefixes
 from torch_tweak.torch.checkpoint.manifest import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, environment, path_text
-from torch_tweak.torch.checkpoint.writer import ArchiveWriter, no_space_hint
+from torch_tweak.torch.checkpoint.writer import (
+    ArchiveWriter,
+    no_space_hint,
+    remove_save_leftovers,
+    temporary_prefix,
+)
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import qualified_name
 from torch_tweak.torch.module.wrapper import ModuleState
+from torch_tweak.utils.permissions import secure_mkdir
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +54,10 @@ def _target(path: str | os.PathLike[str]) -> Path:
     if target.is_dir():
         raise CheckpointError(f"{target} is a folder; pass the path of the .tt file to write.")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        secure_mkdir(target.parent)
     except OSError as exc:
-        raise CheckpointError(f"Cannot create the folder {target.parent} for the checkpoint: {exc}.") from exc
+        raise CheckpointError(f"Cannot create the folder {target.parent} for the checkpoint ({exc.strerror or exc}); "
+                              "check the path and its permissions.") from exc
     return target
 
 
@@ -106,6 +112,11 @@ def _graph_entry(pending: _Pending, backend: Backend, spec: GraphSpec, key: Any,
         tensors[name] = tensor
         return {MARKER: "tensor", "key": name}
 
+    unsafe = backend.unsafe_settings()
+    if unsafe:
+        raise CheckpointError(f"{where}: {backend.describe()} has settings a checkpoint may not carry: {'; '.join(unsafe)}. "
+                              "tt.load refuses them because they could run a program or touch files on the loading "
+                              "machine; tune without them to save this module.")
     try:
         state = backend.to_dict()
     except Exception as exc:
@@ -120,15 +131,8 @@ def _graph_entry(pending: _Pending, backend: Backend, spec: GraphSpec, key: Any,
             "backend": {"type": type(backend).__name__, "class": qualified_name(type(backend)),
                         "description": backend.describe(), "precision": _precision(backend),
                         "requires_original_module": bool(backend.requires_original_module),
-                        "native_code": any(is_native(type(b)) for b in _components(backend)), "artifacts": artifacts,
+                        "native_code": any(is_native(type(b)) for b in backend.components()), "artifacts": artifacts,
                         "state": encoded}}
-
-
-def _components(backend: Backend) -> list[Backend]:
-    """The backend and, for a batch router, the backends of its routes."""
-    if isinstance(backend, BatchRouterBackend):
-        return [backend, *(b for _, b in backend.routes)]
-    return [backend]
 
 
 def _precision(backend: Backend) -> str | None:
@@ -163,18 +167,28 @@ def _module_entry(pending: _Pending, index: int, found: Found, tuned: list[Found
             "offloaded": bool(proxy._tt_offloaded), "graphs": graphs}
 
 
-def save(obj: Any, path: str | os.PathLike[str]) -> Path:
+def save(obj: Any, path: str | os.PathLike[str], *, signing_key: Any = None) -> Path:
     """Save every tuned module in ``obj`` (a ``tt.Module``, a model holding some, or a pipeline) to ``path``.
 
     Writes ``path`` (a zip) and ``<stem>_sha256_sums.txt`` beside it. Both are written to temporary files in
-    the same folder and renamed into place, so a failed save leaves the previous checkpoint intact.
-    Nothing is pickled and recorded inputs are not stored; the wrapped modules' own tensors are stored
-    (as safetensors) when one of their chosen backends runs them. Returns the checkpoint's path.
+    the same folder and renamed into place, so a failed save leaves the previous checkpoint intact (and the
+    next save removes what a killed one left). Folders it creates are owner-only. Nothing is pickled and
+    recorded inputs are not stored; the wrapped modules' own tensors are stored (as safetensors) when one of
+    their chosen backends runs them. The manifest records which backends carry native code.
+
+    Args:
+        signing_key: sign the checkpoint (see :mod:`torch_tweak.torch.checkpoint.signing`): a ``bytes`` secret
+            (HMAC-SHA256) or a ``cryptography`` Ed25519 private key. ``tt.load(..., verify_key=...)`` checks it.
+
+    Returns:
+        The checkpoint's path.
 
     Raises:
         CheckpointError: nothing is tuned, a backend's state cannot be stored, or writing failed.
     """
     start = time.perf_counter()
+    if signing_key is not None:
+        signing.sign(b"", signing_key)  # refuse a bad key before anything else
     target = _target(path)
     wrapped = find_wrapped(obj)
     tuned = [f for f in wrapped if f.proxy.state is ModuleState.TUNED]
@@ -193,19 +207,25 @@ def save(obj: Any, path: str | os.PathLike[str]) -> Path:
         "environment": environment(), "root": "module" if any(not f.path for f in tuned) else "object",
         "modules": modules,
     }
-    writer = ArchiveWriter(target)
+    remove_save_leftovers(target)
     try:
-        with tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=target.parent) as staging:
-            from safetensors.torch import save_file
-
+        writer = ArchiveWriter(target)
+    except OSError as exc:
+        raise CheckpointError(f"Could not write the checkpoint {target}: {exc.strerror or exc} (in {target.parent}). "
+                              f"Check that the folder is writable.{no_space_hint(exc)}") from exc
+    try:
+        with tempfile.TemporaryDirectory(prefix=temporary_prefix(target), dir=target.parent) as staging:
             for member, tensors in pending.tensor_files.items():
                 staged = Path(staging, member.replace("/", "_"))
-                save_file(tensors, str(staged), metadata={"format": "pt"})
+                weights.write_safetensors(tensors, staged)
                 writer.add_file(member, staged)
         for member, source in pending.artifacts.items():
             writer.add_file(member, source)
         manifest["files"] = {name: {"size": size, "sha256": sha} for name, (size, sha) in sorted(writer.files.items())}
-        writer.add_bytes(MANIFEST_NAME, json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode("utf-8"))
+        manifest_bytes = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        writer.add_bytes(MANIFEST_NAME, manifest_bytes)
+        if signing_key is not None:
+            writer.add_bytes(signing.SIGNATURE_NAME, signing.sign(manifest_bytes, signing_key))
         writer.commit()
     except OSError as exc:
         writer.abort()

@@ -9,6 +9,8 @@ failed load can put them back.
 
 from __future__ import annotations
 
+import errno
+import re
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,19 @@ def check_matches(module: nn.Module, nested: list[str], stored: list[tuple[str, 
                 "Build the model with the same configuration and dtype as when tuning."
             )
     return current
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Write ``tensors`` to ``path`` as safetensors; a full disk or unwritable folder becomes an OSError with the
+    path (safetensors raises its own error type), which the save turns into a CheckpointError."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except SafetensorError as exc:
+        code = re.search(r"os error (\d+)", str(exc))
+        raise OSError(int(code.group(1)) if code else errno.EIO, f"writing {path} failed: {exc}") from exc
 
 
 def read_safetensors(path: Path, member: str) -> dict[str, torch.Tensor]:

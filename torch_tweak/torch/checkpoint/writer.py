@@ -5,6 +5,9 @@ to a temporary name too, fsyncs both and renames them into place. A failure befo
 previous checkpoint untouched. The two renames are separate steps: if the second fails, the previous
 archive is put back; a crash exactly between them leaves a pair that ``tt.load`` refuses (the sums disagree)
 rather than one it would load wrongly.
+
+Temporary names carry the saving process's tag (:mod:`torch_tweak.utils.leftovers`), so the next save to
+the same folder removes what a killed save left behind.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
 import stat
 import tempfile
 import zipfile
@@ -21,6 +25,7 @@ from typing import IO
 
 from torch_tweak.errors import CheckpointError
 from torch_tweak.torch.checkpoint.archive import member_name_problem, sums_path
+from torch_tweak.utils.leftovers import owner_tag, remove_leftovers
 
 _CHUNK = 1 << 20
 _DEFLATED_SUFFIXES = (".json", ".xml", ".txt")
@@ -30,6 +35,17 @@ _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 def _write_chunk(stream: IO[bytes], data: bytes) -> None:
     """Write one chunk of member data (a separate function so tests can simulate a full disk)."""
     stream.write(data)
+
+
+def temporary_prefix(target: Path) -> str:
+    """The prefix of every temporary file or folder a save of ``target`` makes beside it."""
+    return f".{target.name}.{owner_tag()}."
+
+
+def remove_save_leftovers(target: Path) -> None:
+    """Remove temporary files and folders of earlier saves of ``target`` whose process was killed."""
+    for name in (target.name, sums_path(target).name):
+        remove_leftovers(target.parent, re.compile(rf"\.{re.escape(name)}\.(?P<tag>\d+x\d+)\.[^./]+(\.partial|\.previous)?"))
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -48,7 +64,7 @@ class ArchiveWriter:
         self.target = target
         self.sums_target = sums_path(target)
         self.files: dict[str, tuple[int, str]] = {}
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(target), suffix=".partial", dir=target.parent)
         self._tmp = Path(tmp)
         self._sums_tmp: Path | None = None
         self._file = os.fdopen(fd, "w+b")
@@ -86,7 +102,8 @@ class ArchiveWriter:
         os.fsync(self._file.fileno())
         self._file.close()
         lines = "".join(f"{sha}  {name}\n" for name, (_, sha) in sorted(self.files.items()))
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.sums_target.name}.", suffix=".partial", dir=self.target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(self.sums_target), suffix=".partial",
+                                   dir=self.target.parent)
         self._sums_tmp = Path(tmp)
         with os.fdopen(fd, "wb") as f:
             _write_chunk(f, lines.encode("utf-8"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from torch_tweak.torch.backend.openvino.converter import (
     import_openvino,
 )
 from torch_tweak.torch.backend.openvino.runner import Runner
+from torch_tweak.torch.cache import cache_folder
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample
 from torch_tweak.torch.module.tree_json import spec_to_json
@@ -36,6 +37,7 @@ _PRECISIONS = {"f32": "f32", "fp32": "f32", "float32": "f32", "bf16": "bf16", "b
                "f16": "f16", "fp16": "f16", "float16": "f16"}
 _REPORTED = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
 MODEL_CACHE_DIR_NAME = "openvino_model_cache"
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -99,6 +101,8 @@ class OpenVINOBackend(Backend):
 
     STATE_OV_MODEL_DIR = "ov_model_dir"
     runtime = "openvino"
+    artifact_keys = (STATE_OV_MODEL_DIR,)
+    config_class = OpenVINOBackendConfig
 
     def __init__(self, config: OpenVINOBackendConfig | None = None) -> None:
         """Initializes backend."""
@@ -173,8 +177,9 @@ class OpenVINOBackend(Backend):
         config: dict[str, Any] = {"PERFORMANCE_HINT": self._config.performance_hint}
         if self._config.inference_precision is not None:
             config["INFERENCE_PRECISION_HINT"] = self._config.inference_precision
-        if os.access(xml.parent.parent, os.W_OK):  # compiled blobs beside the IR folder, not inside the checkpoint
-            config["CACHE_DIR"] = str(secure_mkdir(xml.parent.parent / MODEL_CACHE_DIR_NAME))
+        cache = _model_cache_dir(xml, building)
+        if cache is not None:
+            config["CACHE_DIR"] = str(cache)
         try:
             compiled = ov_core().compile_model(str(xml), device, config)
             self._runner = Runner(compiled, graph_spec, self._device, self._config.performance_hint)
@@ -220,6 +225,17 @@ class OpenVINOBackend(Backend):
         backend._set_device(state_dict.get(cls.STATE_DEVICE))
         backend.state = BackendState.CHECKPOINT_LOADED
         return backend
+
+
+def _model_cache_dir(xml: Path, building: bool) -> Path | None:
+    """Where OpenVINO keeps compiled blobs: beside the IR folder while tuning (the build folder), and in
+    torch_tweak's own cache for an IR from a checkpoint, never inside the extracted checkpoint (whose
+    members a stranger chose). None when there is no writable place (compiling then takes longer)."""
+    try:
+        return secure_mkdir(xml.parent.parent / MODEL_CACHE_DIR_NAME) if building else cache_folder(MODEL_CACHE_DIR_NAME)
+    except (ConfigError, OSError) as exc:
+        logger.debug("No OpenVINO model cache for %s: %s", xml, exc)
+        return None
 
 
 def _check_ir_files(ir_dir: Path) -> None:
