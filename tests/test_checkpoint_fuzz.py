@@ -3,11 +3,13 @@
 Mutations: every single byte flipped in turn; random multi-byte edits, truncations and insertions; zip
 structure edits (renamed, dropped, duplicated and added members, odd file modes, compression methods and
 flags), with the sums file kept, or re-written to match as an attacker would; garbage sums files; and
-manifests with random values replaced, re-signed so that they pass the hash checks and reach the loader.
+manifests with random values replaced, re-signed so that they pass the hash checks and reach the loader;
+and values an attacker would try (paths, commands, class names, artifact references) placed anywhere.
 """
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
@@ -217,3 +219,40 @@ def test_resigned_manifest_edits(case, data):
     sums_file = case.path.with_name("resigned.tt")
     write_sums(sums_file, content)
     case.attempt(raw, archive.sums_path(sums_file).read_bytes(), resigned=True)
+
+
+_MARKER = Path(tempfile.gettempdir()) / "torch_tweak_fuzz_attack_ran"
+ATTACKS = st.sampled_from([
+    "/etc/passwd", "../../../../etc", str(_MARKER), f"touch {_MARKER}",
+    {"cpp.cxx": f"sh -c 'touch {_MARKER}'"}, {"global_cache_dir": "/"}, {"trace.enabled": True},
+    "os:system", "subprocess:Popen", "numpy.lib.npyio:NpzFile", "builtins:eval", "importlib:import_module",
+    ["map", "subprocess:Popen", ["args"], [["c", f"touch {_MARKER}"]]],
+    ["dc", "subprocess:CompletedProcess", ["args", "returncode"], [["T"], ["c", 0]]],
+    ["seq", "collections:UserList", [["T"]]], ["o", "os:system"],
+    {"$tt": "artifact", "kind": "dir", "member": "../.."}, {"$tt": "artifact", "kind": "file", "member": "/etc/passwd"},
+    "TorchInductorAOTBackend", "OpenVINOBackend", "BatchRouterBackend",
+])
+
+
+@pytest.mark.filterwarnings("ignore::torch_tweak.torch.checkpoint.CheckpointWarning")
+@settings(FUZZ, max_examples=300)
+@given(data=st.data())
+def test_resigned_manifest_attack_values(case, data):
+    """Values an attacker would try (paths, commands, class names, artifact references), placed anywhere in the
+    manifest with the sums file rewritten: a CheckpointError or a harmless load, and nothing ever runs."""
+    _MARKER.unlink(missing_ok=True)
+    manifest = json.loads(case.content["manifest.json"])
+    locations = [p for p in _locations(manifest) if p and p[0] != "files"]
+    for _ in range(data.draw(st.integers(1, 2))):
+        where = data.draw(st.sampled_from(locations))
+        parent = manifest
+        for step in where[:-1]:
+            parent = parent[step]
+        parent[where[-1]] = copy.deepcopy(data.draw(ATTACKS))
+        locations = [p for p in _locations(manifest) if p and p[0] != "files"]
+    content = resign(dict(case.content), manifest)
+    raw = _build_zip([(zipfile.ZipInfo(n), d) for n, d in content.items()])
+    sums_file = case.path.with_name("resigned.tt")
+    write_sums(sums_file, content)
+    case.attempt(raw, archive.sums_path(sums_file).read_bytes(), resigned=True)
+    assert not _MARKER.exists()

@@ -13,9 +13,8 @@ has already imported. Nothing named in a checkpoint is ever imported.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -218,32 +217,3 @@ def resolve_backend(type_name: str, class_name: str, where: str) -> type[Backend
         f"imports modules named in a checkpoint: import {module!r} (or register the class with "
         f"torch_tweak.torch.checkpoint.register_backend) before tt.load. Known backends: {known_backends()}."
     )
-
-
-_KIND_CHECKS: dict[str, tuple[str, Callable[[type], bool]]] = {
-    "ntuple": ("a namedtuple class", lambda c: issubclass(c, tuple) and hasattr(c, "_fields")),
-    "seq": ("a list or tuple subclass", lambda c: issubclass(c, (list, tuple))),
-    "map": ("a Mapping class", lambda c: issubclass(c, Mapping)),
-    "dc": ("a dataclass", lambda c: dataclasses.is_dataclass(c)),
-}
-
-
-def check_structure_types(structure: Any, where: str) -> None:
-    """Refuse a loaded structure whose container types do not fit their node kind.
-
-    Rebuilding outputs calls the named classes; a checkpoint must not be able to name an arbitrary imported
-    class (such as a process launcher) where a namedtuple, a sequence, a mapping or a dataclass is expected.
-    """
-    stack = [structure]
-    while stack:
-        node = stack.pop()
-        if not isinstance(node, tuple) or not node:
-            continue
-        kind = node[0]
-        if kind in _KIND_CHECKS:
-            what, fits = _KIND_CHECKS[kind]
-            cls = node[1]
-            if not isinstance(cls, type) or not fits(cls):
-                raise CheckpointError(f"{where}: the stored structure names {qualified_name(cls) if isinstance(cls, type) else cls!r} "
-                                      f"where {what} is expected; the checkpoint is corrupt or malicious.")
-        stack.extend(item for item in node[1:] if isinstance(item, tuple))

@@ -32,7 +32,7 @@ from torch_tweak.torch.cache import cache_folder
 from torch_tweak.torch.checkpoint import weights
 from torch_tweak.torch.checkpoint.archive import VerifiedArchive, member_name_problem, open_verified
 from torch_tweak.torch.checkpoint.audit import Audit, audit, check_trust
-from torch_tweak.torch.checkpoint.codec import check_structure_types, decode_state, route_types
+from torch_tweak.torch.checkpoint.codec import decode_state, route_types
 from torch_tweak.torch.checkpoint.locate import Slot, nested_prefixes, place, put_back, resolve
 from torch_tweak.torch.checkpoint.manifest import (
     EnvironmentDiff,
@@ -169,17 +169,16 @@ def _prepare(plan: _Plan, archive: VerifiedArchive, root: Path) -> None:
                                   "corrupt.")
         try:
             state = decode_state(graph.state, f"{where} backend state", artifact, tensor)
-            spec = GraphSpec.from_dict(graph.graph_spec)
-            check_structure_types(spec.input_structure, where)
-            check_structure_types(spec.output_structure, where)
+            spec = GraphSpec.from_dict(graph.graph_spec)  # structures checked against the type policy (tree_json)
             key = spec.key()
             backend = cls.from_dict(plan.inner, state)
         except CheckpointError:
             raise
         except Exception as exc:
             raise CheckpointError(f"{where}: cannot restore the {graph.backend_type} ({type(exc).__name__}: {exc}). "
-                                  "Types named in the graph (outputs) must be importable: import their modules "
-                                  "before tt.load.") from exc
+                                  "Types named in the graph must be imported before tt.load, and container "
+                                  "classes other than namedtuples, dataclasses and Hugging Face outputs registered "
+                                  "with tt.register_type.") from exc
         if key in plan.keys:
             raise CheckpointError(f"{where}: two graphs of this module have the same inputs; the checkpoint is corrupt.")
         plan.specs.append(spec)
