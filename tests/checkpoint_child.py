@@ -117,6 +117,7 @@ def main() -> None:
     for i in range(len(inputs)):
         outputs[f"output.{i}"] = call(args.kind, loaded, inputs[f"input.{i}"]).contiguous()
     save_file(outputs, args.out)
+    from torch_tweak.torch.module.state import internals
     from torch_tweak.torch.module.wrapper import registered_modules
 
     modules = registered_modules()
@@ -124,7 +125,7 @@ def main() -> None:
         "returned": type(loaded).__name__ if type(loaded) is not tt.Module else "tt.Module",
         "states": {n: m.state.name for n, m in modules.items()},
         "backends": {n: sorted({type(b).__name__ for b in m.backends.values()}) for n, m in modules.items()},
-        "offloaded": {n: bool(m._tt_offloaded) for n, m in modules.items()},
+        "offloaded": {n: internals(m).offloaded for n, m in modules.items()},
         "compiles": counts,
         "dynamo_frames": sum(torch._dynamo.utils.counters["frames"].values()),
         "load_s": load_s,

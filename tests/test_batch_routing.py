@@ -17,6 +17,7 @@ from torch_tweak.torch.backend import BatchRouterBackend, TorchEagerBackend, Tor
 from torch_tweak.torch.backend.batch_router import batch_reader
 from torch_tweak.torch.checkpoint import verify
 from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
+from torch_tweak.torch.module.state import internals
 from torch_tweak.torch.testing import FakeClock, TimedBackend
 from torch_tweak.torch.tune_strategy import TuneStrategy
 
@@ -224,7 +225,7 @@ def test_router_of_openvino_hints_loads_in_a_fresh_process(tmp_path):
 
     wrapped = tt.Module(build("cnn"), name="cnn", strategy=Hints())
     tt.tune(wrapped, [torch.randn(3, 8, 8) for _ in range(4)], batch_sizes=[1, 4])
-    assert wrapped._tt_offloaded  # no route needs the module's weights
+    assert internals(wrapped).offloaded  # no route needs the module's weights
     inputs = [torch.randn(1, 3, 8, 8), torch.randn(4, 3, 8, 8)]
     expected = [wrapped(x) for x in inputs]
     tt.save(wrapped, tmp_path / "cnn.tt")

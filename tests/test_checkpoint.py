@@ -21,6 +21,7 @@ import torch_tweak.torch as tt
 from torch_tweak.errors import CheckpointError
 from torch_tweak.torch.backend import TorchEagerBackend
 from torch_tweak.torch.checkpoint import archive, verify
+from torch_tweak.torch.module.state import internals
 
 CHILD = Path(__file__).parent / "checkpoint_child.py"
 
@@ -141,7 +142,7 @@ def test_fresh_process_pipeline_with_openvino_and_eager(tmp_path):
     pipe.heads["score"] = tt.Module(pipe.heads["score"], name="score", strategy=eager())
     pipe.stages[0] = tt.Module(pipe.stages[0], name="stage", strategy=eager())
     tt.tune(pipe, [torch.randn(3, 8, 8) for _ in range(2)])
-    assert pipe.encoder._tt_offloaded  # OpenVINO holds the weights; the module's went to meta
+    assert internals(pipe.encoder).offloaded  # OpenVINO holds the weights; the module's went to meta
     inputs = [torch.randn(1, 3, 8, 8), torch.randn(2, 3, 8, 8)]
     expected = [pipe(x) for x in inputs]
     tt.save(pipe, tmp_path / "pipe.tt")

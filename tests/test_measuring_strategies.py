@@ -234,7 +234,7 @@ def test_max_batch_size_search_extends_the_graph(clock):
     wrapped, _, graph = tune(strat, batch_sizes=(1, 2))
     search = graph.batch_search
     assert search["sweep"]["batch_sizes"] == [1, 2, 4, 8, 16] and search["max_batch_size"] == 8 and search["extended"]
-    assert wrapped._tt_graphs[0].batch_range() == (1, 8)
+    assert wrapped.graph_specs[0].batch_range() == (1, 8)
     assert graph.spec["inputs"][0]["max_shape"][0] == 8
     assert rows(graph)[candidate.describe()].measurements["batch_sizes"] == [1, 2, 4, 8]
     assert graph.chosen == candidate.describe()

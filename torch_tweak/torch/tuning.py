@@ -16,7 +16,8 @@ from torch_tweak.torch.cache import clear_cache as _clear_cache
 from torch_tweak.torch.config import config
 from torch_tweak.torch.dataset import dataset_items, iter_batches
 from torch_tweak.torch.module.session import RecordingSession, recording
-from torch_tweak.torch.module.wrapper import Module, ModuleState
+from torch_tweak.torch.module.state import TunedGraph, internals
+from torch_tweak.torch.module.wrapper import Module, ModuleState, set_tuner
 from torch_tweak.torch.report import progress
 from torch_tweak.torch.report.report import GraphReport, ModuleReport, TuningReport
 from torch_tweak.torch.report.session import reporting
@@ -117,14 +118,9 @@ def tune_module(
     report = report or ModuleReport(name=module.name)
     if module.state is ModuleState.TUNED:
         raise TuningError(f"Module {module.name!r} is already tuned; wrap a fresh module to tune it again.")
-    recorder = module._tt_recorder
-    if module.state is not ModuleState.RECORDING or recorder is None or not recorder.graphs:
-        raise TuningError(
-            f"Module {module.name!r} recorded nothing, so it cannot be tuned: tt.tune records the calls a module "
-            "receives while func runs over the dataset. Check that func calls this module."
-        )
+    state = internals(module)
+    recorders = state.recorded_graphs()
     target = get_device(device if device is not None else config.default_device)
-    recorders = list(recorder.graphs.values())
     specs = [g.graph_spec() for g in recorders]
     strategies = _strategies_for(module, specs, strategy)
     if dry_run:
@@ -147,16 +143,17 @@ def tune_module(
             if backend.state.name == "ACTIVE":
                 backend.deactivate()
         raise
-    module._tt_set_tuned(specs, {graph.key: backend for graph, backend in zip(recorders, built)})
+    state.mark_tuned([TunedGraph(spec, graph.key, backend) for spec, graph, backend in zip(specs, recorders, built)])
     report.status = "tuned"
-    _offload(module, built)
+    state.offload_weights(config.device_after_tuning)
     return report
 
 
 def _strategies_for(module: Module, specs: list[Any], strategy: TuneStrategy | None) -> list[TuneStrategy]:
     if strategy is not None:
         return [strategy] * len(specs)
-    listed = module._tt_strategies
+    state = internals(module)
+    listed = state.strategies
     if isinstance(listed, (list, tuple)):
         if len(listed) < len(specs):
             raise TuningError(
@@ -169,20 +166,11 @@ def _strategies_for(module: Module, specs: list[Any], strategy: TuneStrategy | N
         if missing:
             raise TuningError(f"Module {module.name!r}: no strategy for graph(s) {missing}; strategies has {sorted(listed)}.")
         return [listed[s.name] for s in specs]
-    if module._tt_strategy is not None:
-        return [module._tt_strategy] * len(specs)
+    if state.strategy is not None:
+        return [state.strategy] * len(specs)
     from torch_tweak.torch.tune_strategy import HighestThroughputStrategy
 
     return [HighestThroughputStrategy()] * len(specs)
-
-
-def _offload(module: Module, backends: list[Any]) -> None:
-    target = config.device_after_tuning
-    if target is None or any(b.requires_original_module for b in backends):
-        return
-    module.wrapped.to(target)
-    module._tt_offloaded = True
-    logger.info("Module %s: original weights moved to %s (no chosen backend needs them)", module.name, target)
 
 
 def _batch_sizes(batch_sizes: list[int] | None) -> list[int]:
@@ -197,3 +185,5 @@ def _batch_sizes(batch_sizes: list[int] | None) -> list[int]:
         logger.warning("Only one batch size (%d): batch axes cannot be detected, shapes are treated as static.", sizes[0])
     return sizes
 
+
+set_tuner(tune_module)

@@ -44,9 +44,9 @@ from torch_tweak.torch.checkpoint.manifest import (
 )
 from torch_tweak.torch.config import config
 from torch_tweak.torch.module.spec import GraphSpec
+from torch_tweak.torch.module.state import TunedGraph, internals
 from torch_tweak.torch.module.tree import qualified_name
-from torch_tweak.torch.module.wrapper import Module, ModuleState, proxy_of, registered_modules, release
-from torch_tweak.torch.tuning import _offload
+from torch_tweak.torch.module.wrapper import Module, proxy_of, registered_modules, release
 from torch_tweak.utils.leftovers import owner_tag, remove_leftovers
 
 logger = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ def _plan(obj: Any, entry: ModuleEntry, entries: list[ModuleEntry], devices: dic
     plan = _Plan(entry, slot, inner, proxy, nested, devices.get(entry.name),
                  bool(diff.missing_flags or diff.relevant_to(types)))
     plan.classes = [classes[0] for classes in checked.classes[entry.name]]
-    plan.old_backends = list(proxy._tt_routes.values()) if proxy is not None else []
+    plan.old_backends = internals(proxy).backends() if proxy is not None else []
     if diff.missing_flags and entry.name in checked.native:
         plan.fallback = (f"its compiled code may use {', '.join(diff.missing_flags)}, which this CPU lacks")
     return plan
@@ -186,19 +186,6 @@ def _prepare(plan: _Plan, archive: VerifiedArchive, root: Path) -> None:
         plan.backends.append(backend)
 
 
-def _snapshot(proxy: Module) -> Callable[[], None]:
-    """Remember every ``_tt_*`` attribute of ``proxy``; the returned function puts them back."""
-    attributes = object.__getattribute__(proxy, "__dict__")
-    saved = {k: v for k, v in attributes.items() if k.startswith("_tt_")}
-
-    def undo() -> None:
-        for key in [k for k in attributes if k.startswith("_tt_") and k not in saved]:
-            del attributes[key]
-        attributes.update(saved)
-
-    return undo
-
-
 def _restore(plan: _Plan, holder: _Extracted, journal: list[Callable[[], None]]) -> Module:
     entry = plan.entry
     proxy = plan.proxy
@@ -213,7 +200,7 @@ def _restore(plan: _Plan, holder: _Extracted, journal: list[Callable[[], None]])
         if undo is not None:
             journal.append(lambda: put_back(undo))
     else:
-        journal.append(_snapshot(proxy))
+        journal.append(internals(proxy).snapshot())
     if plan.weights is not None:
         previous = weights.assign(plan.inner, plan.weights)
         journal.append(lambda: weights.restore(plan.inner, previous))
@@ -226,14 +213,13 @@ def _restore(plan: _Plan, holder: _Extracted, journal: list[Callable[[], None]])
                 raise CheckpointError(f"Module {entry.name!r}: deploying its backends failed ({type(exc).__name__}: "
                                       f"{exc}).") from exc
             plan.fallback = f"its backend could not be deployed here ({type(exc).__name__}: {exc})"
+    state = internals(proxy)
     if plan.fallback is not None:
         logger.warning("Module %s runs its original code: %s.", entry.name, plan.fallback)
-        proxy._tt_routes, proxy._tt_graphs, proxy._tt_state = {}, [], ModuleState.PASSTHROUGH
+        state.mark_passthrough(plan.fallback)
     else:
-        proxy._tt_set_tuned(list(plan.specs), dict(zip(plan.keys, plan.backends)))
-        proxy._tt_checkpoint = holder
-    proxy._tt_recorder = None
-    proxy._tt_offloaded = False
+        state.mark_tuned([TunedGraph(*g) for g in zip(plan.specs, plan.keys, plan.backends)], checkpoint=holder)
+    state.reset_after_load()
     return proxy
 
 
@@ -310,7 +296,7 @@ def load(obj: Any, path: str | os.PathLike[str], device_map: dict[str, Any] | No
         raise CheckpointError(f"Loading {path} failed ({type(exc).__name__}: {exc}); the model is unchanged.") from exc
     for plan, proxy in zip(plans, proxies):
         if plan.fallback is None:
-            _offload(proxy, plan.backends)
+            internals(proxy).offload_weights(config.device_after_tuning)
         for backend in plan.old_backends:  # release what the module ran before (built in this process)
             if backend.state.name == "ACTIVE" and backend not in plan.backends:
                 backend.deactivate()

@@ -28,8 +28,8 @@ from torch_tweak.torch.checkpoint.writer import (
     temporary_prefix,
 )
 from torch_tweak.torch.module.spec import GraphSpec
+from torch_tweak.torch.module.state import ModuleState, internals
 from torch_tweak.torch.module.tree import qualified_name
-from torch_tweak.torch.module.wrapper import ModuleState
 from torch_tweak.utils.permissions import secure_mkdir
 
 logger = logging.getLogger(__name__)
@@ -145,15 +145,13 @@ def _precision(backend: Backend) -> str | None:
 def _module_entry(pending: _Pending, index: int, found: Found, tuned: list[Found]) -> dict[str, Any]:
     proxy = found.proxy
     where = f"Module {proxy.name!r} at {path_text(found.path)}"
-    specs, routes = list(proxy._tt_graphs), list(proxy._tt_routes.items())
-    if len(specs) != len(routes):
-        raise CheckpointError(f"{where} has {len(specs)} graph specs but {len(routes)} backends; tune it again.")
+    state = internals(proxy)
     nested = nested_prefixes(found.path, [f.path for f in tuned])
     own = weights.own_tensors(proxy.wrapped, nested)
     tensors: dict[str, torch.Tensor] = {}
-    graphs = [_graph_entry(pending, backend, spec, key, tensors, f"artifacts/m{index}/g{j}", f"{where}, graph {spec.name!r}")
-              for j, (spec, (key, backend)) in enumerate(zip(specs, routes))]
-    stores_weights = any(b.requires_original_module for _, b in routes)
+    graphs = [_graph_entry(pending, g.backend, g.spec, g.key, tensors, f"artifacts/m{index}/g{j}",
+                           f"{where}, graph {g.spec.name!r}") for j, g in enumerate(state.graphs)]
+    stores_weights = any(b.requires_original_module for b in state.backends())
     aliases: dict[str, str] = {}
     if stores_weights:
         packed, aliases = weights.pack(own, where)
@@ -164,7 +162,7 @@ def _module_entry(pending: _Pending, index: int, found: Found, tuned: list[Found
     return {"name": proxy.name, "path": [[kind, key] for kind, key in found.path],
             "class": qualified_name(type(proxy.wrapped)), "parameters": weights.describe_tensors(own),
             "weights": member, "stores_weights": stores_weights, "aliases": aliases,
-            "offloaded": bool(proxy._tt_offloaded), "graphs": graphs}
+            "offloaded": state.offloaded, "graphs": graphs}
 
 
 def save(obj: Any, path: str | os.PathLike[str], *, signing_key: Any = None) -> Path:

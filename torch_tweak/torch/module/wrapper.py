@@ -11,11 +11,10 @@ running once per call. States::
 
 from __future__ import annotations
 
-import enum
 import logging
 import re
-import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,24 +24,16 @@ from torch_tweak.errors import ConfigError, SignatureMismatchError, TuningError,
 from torch_tweak.torch.config import config as _config
 from torch_tweak.torch.integrations import activate_integrations
 from torch_tweak.torch.module import _forward
-from torch_tweak.torch.module.recording import Recorder, graph_key
+from torch_tweak.torch.module.recording import graph_key
 from torch_tweak.torch.module.session import current_session
 from torch_tweak.torch.module.spec import GraphSpec
+from torch_tweak.torch.module.state import ModuleInternals, ModuleState, internals
 from torch_tweak.torch.module.tree import flatten_sample, sample_leaf_paths
 
 logger = logging.getLogger(__name__)
 
 _REGISTRY: weakref.WeakValueDictionary[str, Module] = weakref.WeakValueDictionary()
 _NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-class ModuleState(enum.Enum):
-    """States of a ``tt.Module``."""
-
-    INIT = "init"
-    RECORDING = "recording"
-    TUNED = "tuned"
-    PASSTHROUGH = "passthrough"
 
 
 class _Interceptor:
@@ -70,7 +61,7 @@ class Module:
 
     def __init__(self, module: nn.Module, name: str | None = None, strategy: Any = None, strategies: Any = None) -> None:
         if isinstance(module, Module):
-            raise ConfigError(f"{module._tt_name!r} is already a tt.Module; wrap each module once.")
+            raise ConfigError(f"{module.name!r} is already a tt.Module; wrap each module once.")
         if not isinstance(module, nn.Module):
             raise UnsupportedInputError(f"tt.Module wraps torch.nn.Module objects, got {type(module).__name__}.")
         if _forward.is_intercepted(module):
@@ -79,168 +70,150 @@ class Module:
             raise ConfigError("Only one of strategy or strategies should be provided")
         _check_strategies(strategy, strategies)
         activate_integrations()
-        object.__setattr__(self, "_tt_module", module)
-        object.__setattr__(self, "_tt_name", _register(self, module, name))
-        object.__setattr__(self, "_tt_strategy", strategy)
-        object.__setattr__(self, "_tt_strategies", strategies)
-        object.__setattr__(self, "_tt_state", ModuleState.INIT)
-        object.__setattr__(self, "_tt_recorder", None)
-        object.__setattr__(self, "_tt_session_id", None)
-        object.__setattr__(self, "_tt_routes", {})
-        object.__setattr__(self, "_tt_graphs", [])
-        object.__setattr__(self, "_tt_offloaded", False)
-        object.__setattr__(self, "_tt_phases", False)
-        object.__setattr__(self, "_tt_strict_key", True)
-        object.__setattr__(self, "_tt_tls", threading.local())
-        object.__setattr__(self, "_tt_original", _forward.original_forward(module))
+        state = ModuleInternals(module, _register(self, module, name), strategy, strategies,
+                                _forward.original_forward(module))
+        object.__setattr__(self, "_tt", state)
         _forward.install(module, _Interceptor(self))
 
     # transparency -------------------------------------------------------------------------------
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:
-        return type(self._tt_module)
+        return type(self._tt.module)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_tt_"):
+        if name == "_tt":
             raise AttributeError(name)
-        return getattr(self._tt_module, name)
+        return getattr(self._tt.module, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_tt_"):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._tt_module, name, value)
+        if name == "_tt":
+            raise AttributeError("the state of a tt.Module cannot be replaced")
+        setattr(self._tt.module, name, value)
 
     def __delattr__(self, name: str) -> None:
-        delattr(self._tt_module, name)
+        delattr(self._tt.module, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._tt_module(*args, **kwargs)
+        return self._tt.module(*args, **kwargs)
 
     def __getitem__(self, index: Any) -> Any:
-        return self._tt_module[index]
+        return self._tt.module[index]
 
     def __len__(self) -> int:
-        return len(self._tt_module)
+        return len(self._tt.module)
 
     def __iter__(self) -> Any:
-        return iter(self._tt_module)
+        return iter(self._tt.module)
 
     def __dir__(self) -> list[str]:
-        return sorted(set(dir(self._tt_module)) | {"name", "state", "graph_specs", "backends", "tune", "wrapped"})
+        return sorted(set(dir(self._tt.module)) | {"name", "state", "graph_specs", "backends", "tune", "wrapped"})
 
     def __repr__(self) -> str:
-        return f"tt.Module(name={self._tt_name!r}, state={self._tt_state.name})[{self._tt_module!r}]"
+        return f"tt.Module(name={self._tt.name!r}, state={self._tt.status.name})[{self._tt.module!r}]"
 
     # public API ---------------------------------------------------------------------------------
 
     @property
     def name(self) -> str:
         """The module's unique name."""
-        return self._tt_name
+        return self._tt.name
 
     @property
     def state(self) -> ModuleState:
         """INIT, RECORDING, TUNED or PASSTHROUGH."""
-        return self._tt_state
+        return self._tt.status
 
     @property
     def wrapped(self) -> nn.Module:
         """The wrapped ``nn.Module``."""
-        return self._tt_module
+        return self._tt.module
 
     @property
     def graph_specs(self) -> list[GraphSpec]:
         """The graphs recorded (or loaded) for this module."""
-        if self._tt_graphs:
-            return list(self._tt_graphs)
-        if self._tt_recorder is None or not self._tt_recorder.graphs:
-            raise TuningError(f"Module {self._tt_name!r} has recorded no call yet; run tt.tune first.")
-        return self._tt_recorder.graph_specs()
+        state = self._tt
+        if state.graphs:
+            return [g.spec for g in state.graphs]
+        if state.recorder is None or not state.recorder.graphs:
+            raise TuningError(f"Module {state.name!r} has recorded no call yet; run tt.tune first.")
+        return state.recorder.graph_specs()
 
     @property
     def backends(self) -> dict[str, Any]:
         """The chosen backend of each graph, by graph name (empty unless TUNED)."""
-        return {spec.name: backend for spec, backend in zip(self._tt_graphs, self._tt_routes.values())}
+        return {g.spec.name: g.backend for g in self._tt.graphs}
 
     def tune(self, device: str | torch.device | None = None, strategy: Any = None, dry_run: bool = False,
              report: Any = None) -> Any:
         """Tune every recorded graph; see :mod:`torch_tweak.torch.tuning`. Returns the module's report."""
-        from torch_tweak.torch.tuning import tune_module
-
-        return tune_module(self, device, strategy, dry_run, report)
+        if _TUNER is None:
+            raise TuningError("tt.Module.tune needs torch_tweak.torch.tuning; import torch_tweak.torch first.")
+        return _TUNER(self, device, strategy, dry_run, report)
 
     def activate(self) -> None:
         """Make the chosen backends ready for inference (after :meth:`deactivate`)."""
-        for backend in self._tt_routes.values():
+        for backend in self._tt.backends():
             if backend.state.name in ("INACTIVE", "CHECKPOINT_LOADED"):
                 backend.activate()
 
     def deactivate(self) -> None:
         """Release the chosen backends' resources (only for backends built in this process)."""
-        for backend in self._tt_routes.values():
+        for backend in self._tt.backends():
             if backend.state.name == "ACTIVE":
                 backend.deactivate()
 
     def enable_passthrough(self) -> None:
         """Run the original module from now on (drops tuned backends)."""
-        if self._tt_offloaded:
+        state = self._tt
+        if state.offloaded:
             raise TuningError(
-                f"Module {self._tt_name!r} cannot run its original code: its weights were offloaded to "
+                f"Module {state.name!r} cannot run its original code: its weights were offloaded to "
                 f"{_config.device_after_tuning!r} after tuning. Reload the model to get them back."
             )
         self.deactivate()
-        self._tt_routes.clear()
-        self._tt_state = ModuleState.PASSTHROUGH
-
-    def _tt_set_tuned(self, graphs: list[GraphSpec], routes: dict[tuple[Any, ...], Any]) -> None:
-        """Enter TUNED: ``routes`` maps each graph's key to its backend (same order as ``graphs``)."""
-        self._tt_routes = dict(routes)
-        self._tt_graphs = list(graphs)
-        self._tt_phases = any(g.phase is not None for g in graphs)
-        self._tt_strict_key = graphs[0].strict if graphs else _config.strict_mode
-        self._tt_recorder = None
-        self._tt_state = ModuleState.TUNED
+        state.mark_passthrough("passthrough enabled")
 
     # dispatch -----------------------------------------------------------------------------------
 
     def _tt_dispatch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        tls = self._tt_tls
+        state = self._tt
+        tls = state.tls
         if getattr(tls, "busy", False):
-            return self._tt_original(*args, **kwargs)
+            return state.original(*args, **kwargs)
         tls.busy = True
         try:
-            if self._tt_state is ModuleState.TUNED:
-                routes = self._tt_routes
-                backend = routes.get(graph_key(args, kwargs, self._tt_strict_key, self._tt_phases))
+            if state.status is ModuleState.TUNED:
+                backend = state.routes.get(graph_key(args, kwargs, state.strict_key, state.phases))
                 if backend is None:
                     return self._tt_unknown(args, kwargs)
                 return backend.infer(*args, **kwargs)
             session = current_session()
             if session is None:
-                return self._tt_original(*args, **kwargs)
+                return state.original(*args, **kwargs)
             return self._tt_record(session, args, kwargs)
         finally:
             tls.busy = False
 
     def _tt_record(self, session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self._tt_session_id != session.id or self._tt_recorder is None:
-            config = _config
-            self._tt_recorder = Recorder(config.strict_mode, config.max_num_samples_stored, config.llm_phase_detection)
-            self._tt_session_id = session.id
-            self._tt_state = ModuleState.RECORDING
+        state = self._tt
+        recorder = state.recorder
+        if state.session_id != session.id or recorder is None:
+            recorder = state.start_recording(session.id, _config.strict_mode, _config.max_num_samples_stored,
+                                             _config.llm_phase_detection)
         session.note(self)
-        return self._tt_recorder.record_call(self._tt_original, args, kwargs, session.batch_size)
+        return recorder.record_call(state.original, args, kwargs, session.batch_size)
 
     def _tt_unknown(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if _config.on_unknown_signature == "passthrough" and not self._tt_offloaded:
-            logger.debug("Module %s: no tuned graph matches; running the original module", self._tt_name)
-            return self._tt_original(*args, **kwargs)
+        state = self._tt
+        if _config.on_unknown_signature == "passthrough" and not state.offloaded:
+            logger.debug("Module %s: no tuned graph matches; running the original module", state.name)
+            return state.original(*args, **kwargs)
+        specs = [g.spec for g in state.graphs]
         raise SignatureMismatchError(
-            f"Module {self._tt_name!r} was called with inputs that match none of its {len(self._tt_graphs)} tuned "
+            f"Module {state.name!r} was called with inputs that match none of its {len(specs)} tuned "
             f"graph(s).\n  got:      {describe_call(args, kwargs)}\n  expected: "
-            + "\n            ".join(describe_graph_inputs(g) for g in self._tt_graphs)
+            + "\n            ".join(describe_graph_inputs(g) for g in specs)
             + "\nAdd such inputs to the tuning dataset and re-tune, or set tt.config.on_unknown_signature = "
             "'passthrough' (needs tt.config.device_after_tuning = None so the original weights stay in memory)."
         )
@@ -260,15 +233,19 @@ def describe_graph_inputs(graph: GraphSpec) -> str:
     return f"graph {graph.name}: " + (", ".join(parts) or "no tensors")
 
 
-def _check_strategies(strategy: Any, strategies: Any) -> None:
-    from torch_tweak.torch.tune_strategy.base import TuneStrategy
+def _is_strategy(value: Any) -> bool:
+    """A tuning strategy as tuning uses it (a ``TuneStrategy``: ``tune(task)`` and ``describe()``); checked by
+    behaviour because strategies live in a layer above this one."""
+    return callable(getattr(value, "tune", None)) and callable(getattr(value, "describe", None))
 
-    if strategy is not None and not isinstance(strategy, TuneStrategy):
+
+def _check_strategies(strategy: Any, strategies: Any) -> None:
+    if strategy is not None and not _is_strategy(strategy):
         raise ConfigError(f"strategy must be a TuneStrategy, got {type(strategy).__name__}.")
     if strategies is None:
         return
     values = strategies.values() if isinstance(strategies, dict) else strategies
-    if not isinstance(strategies, (list, tuple, dict)) or not all(isinstance(s, TuneStrategy) for s in values):
+    if not isinstance(strategies, (list, tuple, dict)) or not all(_is_strategy(s) for s in values):
         raise ConfigError("strategies must be a list of TuneStrategy (one per graph) or a dict {graph name: TuneStrategy}.")
 
 
@@ -300,7 +277,16 @@ def registered_modules() -> dict[str, Module]:
 
 def unwrap(module: Any) -> Any:
     """The wrapped module of a ``tt.Module``, or ``module`` itself."""
-    return object.__getattribute__(module, "_tt_module") if type(module) is Module else module
+    return internals(module).module if type(module) is Module else module
+
+
+_TUNER: Callable[..., Any] | None = None
+
+
+def set_tuner(tune_module: Callable[..., Any]) -> None:
+    """Install the function behind :meth:`Module.tune` (``tuning.tune_module``; tuning sits above this layer)."""
+    global _TUNER
+    _TUNER = tune_module
 
 
 def proxy_of(module: Any) -> Module | None:
@@ -316,7 +302,8 @@ def release(proxy: Module) -> None:
 
     Used to roll back a ``tt.load`` that created the proxy and then failed; the proxy must not be used again.
     """
-    _forward.uninstall(object.__getattribute__(proxy, "_tt_module"))
-    name = object.__getattribute__(proxy, "_tt_name")
+    state = internals(proxy)
+    _forward.uninstall(state.module)
+    name = state.name
     if _REGISTRY.get(name) is proxy:
         del _REGISTRY[name]

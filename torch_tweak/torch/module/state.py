@@ -1,0 +1,138 @@
+"""The state of a ``tt.Module``, in one private object, and the small API that tuning and checkpoints use.
+
+A ``tt.Module`` forwards attribute access to the module it wraps, so it carries one attribute of its own
+(``_tt``, a :class:`ModuleInternals`) and nothing else: names added to the proxy would hide the wrapped
+module's. Code outside ``torch_tweak/torch/module/`` reaches the state through :func:`internals` and its
+methods only (``recorded_graphs``, ``mark_tuned``, ``mark_passthrough``, ``offload_weights``,
+``snapshot``), never by assigning fields, so every transition keeps the fields consistent (the dispatch
+table, the key settings, the recorder) and a failed ``tt.load`` can put everything back.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from torch_tweak.errors import TuningError
+from torch_tweak.torch.module.recording import GraphRecorder, Recorder
+from torch_tweak.torch.module.spec import GraphSpec
+
+logger = logging.getLogger(__name__)
+
+
+class ModuleState(str, enum.Enum):
+    """States of a ``tt.Module``."""
+
+    INIT = "init"
+    RECORDING = "recording"
+    TUNED = "tuned"
+    PASSTHROUGH = "passthrough"
+
+
+@dataclass(frozen=True)
+class TunedGraph:
+    """One tuned graph: its spec, its dispatch key and the backend that serves it."""
+
+    spec: GraphSpec
+    key: tuple[Any, ...]
+    backend: Any
+
+
+class ModuleInternals:
+    """Everything a ``tt.Module`` knows besides the wrapped module's own attributes."""
+
+    def __init__(self, module: nn.Module, name: str, strategy: Any, strategies: Any, original: Callable[..., Any]):
+        self.module = module
+        self.name = name
+        self.strategy = strategy
+        self.strategies = strategies
+        self.original = original
+        self.status = ModuleState.INIT
+        self.recorder: Recorder | None = None
+        self.session_id: int | None = None
+        self.graphs: list[TunedGraph] = []
+        self.routes: dict[tuple[Any, ...], Any] = {}  # key → backend, derived from ``graphs`` for dispatch
+        self.offloaded = False
+        self.phases = False
+        self.strict_key = True
+        self.checkpoint: Any = None  # keeps the folder a checkpoint was extracted to alive while backends use it
+        self.tls = threading.local()
+
+    # tuning ------------------------------------------------------------------------------------
+
+    def recorded_graphs(self) -> list[GraphRecorder]:
+        """The graphs recorded in the current tuning session; TuningError if there are none."""
+        recorder = self.recorder
+        if self.status is not ModuleState.RECORDING or recorder is None or not recorder.graphs:
+            raise TuningError(
+                f"Module {self.name!r} recorded nothing, so it cannot be tuned: tt.tune records the calls a module "
+                "receives while func runs over the dataset. Check that func calls this module."
+            )
+        return list(recorder.graphs.values())
+
+    def start_recording(self, session_id: int, strict: bool, max_samples: int, phases: bool) -> Recorder:
+        """A new recorder for the tuning session ``session_id`` (RECORDING)."""
+        self.recorder = Recorder(strict, max_samples, phases)
+        self.session_id = session_id
+        self.status = ModuleState.RECORDING
+        return self.recorder
+
+    def mark_tuned(self, graphs: list[TunedGraph], checkpoint: Any = None) -> None:
+        """Enter TUNED with ``graphs`` (dispatch in their order); ``checkpoint`` keeps loaded artifacts alive."""
+        self.graphs = list(graphs)
+        self.routes = {g.key: g.backend for g in graphs}
+        self.phases = any(g.spec.phase is not None for g in graphs)
+        self.strict_key = graphs[0].spec.strict if graphs else True
+        self.recorder = None
+        self.checkpoint = checkpoint
+        self.status = ModuleState.TUNED
+
+    def mark_passthrough(self, reason: str) -> None:
+        """Run the original module from now on (the chosen backends are dropped, not deactivated)."""
+        logger.info("Module %s runs its original code: %s", self.name, reason)
+        self.graphs, self.routes, self.recorder = [], {}, None
+        self.status = ModuleState.PASSTHROUGH
+
+    def backends(self) -> list[Any]:
+        """The chosen backend of each tuned graph."""
+        return [g.backend for g in self.graphs]
+
+    def offload_weights(self, device: str | torch.device | None) -> bool:
+        """Move the wrapped module's own tensors to ``device`` (``tt.config.device_after_tuning``) when no chosen
+        backend needs them; None keeps them. Returns whether they moved."""
+        if device is None or not self.graphs or any(b.requires_original_module for b in self.backends()):
+            return False
+        self.module.to(device)
+        self.offloaded = True
+        logger.info("Module %s: original weights moved to %s (no chosen backend needs them)", self.name, device)
+        return True
+
+    # checkpoints -------------------------------------------------------------------------------
+
+    def snapshot(self) -> Callable[[], None]:
+        """Remember the state; the returned function puts it back (used to roll back a failed load)."""
+        saved = {k: copy.copy(v) if isinstance(v, (list, dict)) else v for k, v in vars(self).items() if k != "tls"}
+
+        def restore() -> None:
+            for key, value in saved.items():
+                setattr(self, key, value)
+
+        return restore
+
+    def reset_after_load(self) -> None:
+        """A loaded module records nothing and has its weights in place."""
+        self.recorder = None
+        self.offloaded = False
+
+
+def internals(proxy: Any) -> ModuleInternals:
+    """The state of the ``tt.Module`` ``proxy``."""
+    return object.__getattribute__(proxy, "_tt")
