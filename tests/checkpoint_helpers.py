@@ -15,7 +15,7 @@ from toy_models import mlp
 import torch_tweak.torch as tt
 from torch_tweak.torch.backend import TorchEagerBackend
 from torch_tweak.torch.checkpoint import archive
-from torch_tweak.torch.module import _forward
+from torch_tweak.torch.module import forward as _forward
 from torch_tweak.torch.module.wrapper import registered_modules
 
 

@@ -33,7 +33,7 @@ def _setup() -> tuple:
 def _candidates() -> list:
     """The strategy's defaults (OpenVINO LATENCY and THROUGHPUT, Inductor, TorchAO, eager) plus Inductor AOT."""
     from torch_tweak.torch import backend as backends
-    from torch_tweak.torch.tune_strategy.measuring import default_candidates
+    from torch_tweak.torch.backend import default_candidates
 
     templates = default_candidates()
     if backends.available("TorchInductorAOTBackend"):

@@ -1,33 +1,44 @@
-"""Backends: ways to run a module's graph. Heavy ones import their dependency only when used."""
+"""Backends: ways to run a module's graph. Heavy ones import their dependency only when used.
+
+Which backends exist is written once, in :mod:`torch_tweak.torch.backend.registry`; the class names below
+resolve lazily from it, so ``import torch_tweak.torch.backend`` imports neither openvino nor torchao.
+
+Writing a backend: subclass :class:`Backend` (the contract: ``_build/_activate/_deactivate/_deploy/_infer``,
+``to_dict/from_dict``; class attributes ``runtime``, ``requires_original_module``, ``native_code``,
+``artifact_keys``, ``config_class``) with a :class:`BackendConfig` dataclass. What a backend needs from the
+rest of torch_tweak is exported here too:
+
+* :func:`original_forward` — run the wrapped module without torch_tweak's interception or its hooks;
+  backends that execute the PyTorch module call this, never ``module(...)``.
+* :func:`pristine` — a context in which the module is neither intercepted nor hooked (for tracing and export).
+* :class:`GraphSpec`, :class:`TensorSpec`, ``Sample`` — the graph being built and its recorded calls.
+* :func:`flatten_sample` / :func:`unflatten_sample` — a call's tensors in graph order, and back.
+"""
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from typing import Any
 
 from torch_tweak.torch.backend.backend import Backend, BackendConfig, BackendState
+from torch_tweak.torch.backend.registry import available, default_candidates, lazy_names
 from torch_tweak.torch.backend.torch_eager import TorchEagerBackend, TorchEagerBackendConfig
+from torch_tweak.torch.module.forward import original_forward, pristine
+from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
+from torch_tweak.torch.module.tree import Sample, flatten_sample, unflatten_sample
 
-_LAZY = {
-    "BatchRouterBackend": "torch_tweak.torch.backend.batch_router",
-    "OpenVINOBackend": "torch_tweak.torch.backend.openvino",
-    "OpenVINOBackendConfig": "torch_tweak.torch.backend.openvino",
-    "TorchInductorBackend": "torch_tweak.torch.backend.torch_inductor",
-    "TorchInductorBackendConfig": "torch_tweak.torch.backend.torch_inductor",
-    "TorchInductorAOTBackend": "torch_tweak.torch.backend.torch_inductor_aot",
-    "TorchInductorAOTBackendConfig": "torch_tweak.torch.backend.torch_inductor_aot",
-    "TorchAOBackend": "torch_tweak.torch.backend.torchao",
-    "TorchAOBackendConfig": "torch_tweak.torch.backend.torchao",
-}
+_LAZY = lazy_names()
 
 __all__ = [
     "Backend",
     "BackendConfig",
-    "BatchRouterBackend",
     "BackendState",
+    "BatchRouterBackend",
+    "GraphSpec",
     "OpenVINOBackend",
     "OpenVINOBackendConfig",
+    "Sample",
+    "TensorSpec",
     "TorchAOBackend",
     "TorchAOBackendConfig",
     "TorchEagerBackend",
@@ -36,39 +47,20 @@ __all__ = [
     "TorchInductorAOTBackendConfig",
     "TorchInductorBackend",
     "TorchInductorBackendConfig",
+    "available",
+    "default_candidates",
+    "flatten_sample",
+    "original_forward",
+    "pristine",
+    "unflatten_sample",
 ]
-
-
-def available(name: str) -> bool:
-    """True if the backend class ``name`` can be used here (its module exists and its dependency is installed)."""
-    dependency = {"OpenVINOBackend": "openvino", "TorchAOBackend": "torchao"}.get(name)
-    if dependency is not None and importlib.util.find_spec(dependency) is None:
-        return False
-    module_name = _LAZY.get(name)
-    return module_name is None or importlib.util.find_spec(module_name) is not None
-
-
-def default_backends() -> list[Backend]:
-    """The candidates tried when a strategy is given none, fastest first, eager last."""
-    templates: list[Backend] = []
-    for name in ("OpenVINOBackend", "TorchInductorBackend"):
-        if available(name):
-            templates.append(__getattr__(name)())
-    templates.append(TorchEagerBackend())
-    return templates
 
 
 def __getattr__(name: str) -> Any:
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and exc.name.startswith("torch_tweak"):
-            raise AttributeError(f"{name} is not available yet in this version of torch_tweak") from exc
-        raise
-    value = getattr(module, name)
+    value = getattr(importlib.import_module(module_name), name)
     globals()[name] = value
     return value
 

@@ -285,6 +285,11 @@ class Backend(ABC):
 
     # description and serialization ------------------------------------------------------------
 
+    @classmethod
+    def default_variants(cls) -> list[Backend]:
+        """Unbuilt instances a strategy tries when it is given no candidates (by default, the default config)."""
+        return [cls()]
+
     def components(self) -> list[Backend]:
         """This backend and the backends it delegates to (a router's routes), for checks that need all."""
         return [self]

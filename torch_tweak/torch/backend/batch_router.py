@@ -21,6 +21,7 @@ from torch import nn
 
 from torch_tweak.errors import BackendStateError, ConfigError
 from torch_tweak.torch.backend.backend import Backend, BackendState
+from torch_tweak.torch.backend.registry import resolve_backend
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample, flatten_sample, qualified_name
 from torch_tweak.utils.hashing import hash_string
@@ -156,8 +157,6 @@ class BatchRouterBackend(Backend):
     @classmethod
     def from_dict(cls, module: nn.Module | None, state_dict: dict[str, Any]) -> BatchRouterBackend:
         """Recreate every route's backend with its own ``from_dict`` (state CHECKPOINT_LOADED)."""
-        from torch_tweak.torch.checkpoint.codec import resolve_backend
-
         if state_dict.get(cls.STATE_TYPE) != cls.__name__:
             raise ValueError(f"Invalid state_dict type: {state_dict.get(cls.STATE_TYPE)}")
         stored = state_dict.get("routes")

@@ -12,7 +12,7 @@ from torch import nn
 
 from torch_tweak.errors import ConfigError
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
-from torch_tweak.torch.module._forward import original_forward
+from torch_tweak.torch.module.forward import original_forward
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample, dtype_name, flatten, unflatten
 

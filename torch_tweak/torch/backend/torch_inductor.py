@@ -28,7 +28,7 @@ from torch_tweak.torch.backend.torch_eager import (
     normalize_autocast,
     restore_dtypes,
 )
-from torch_tweak.torch.module._forward import original_forward
+from torch_tweak.torch.module.forward import original_forward
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample, flatten_sample, unflatten_sample
 

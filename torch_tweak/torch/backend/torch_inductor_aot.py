@@ -23,7 +23,7 @@ from torch_tweak.errors import BuildError, ConfigError, ConversionError, Unsuppo
 from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.backend.torch_inductor import build_failure, unsafe_inductor_options, validate_inductor_options
-from torch_tweak.torch.module._forward import pristine
+from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample, flatten_sample, unflatten
 from torch_tweak.utils.permissions import secure_file

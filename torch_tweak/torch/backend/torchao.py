@@ -27,7 +27,7 @@ from torch import nn
 from torch_tweak.errors import BackendUnavailableError, BuildError, ConfigError, UnsupportedInputError
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.backend.torch_inductor import build_failure, warm_up
-from torch_tweak.torch.module._forward import pristine
+from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample, dtype_from_name
 

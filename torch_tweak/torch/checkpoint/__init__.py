@@ -6,7 +6,7 @@ imported, and every member is verified (size and SHA-256, against the manifest a
 it is used. :func:`verify` checks a checkpoint without loading it.
 """
 
-from torch_tweak.torch.checkpoint.codec import register_backend
+from torch_tweak.torch.backend.registry import register_backend
 from torch_tweak.torch.checkpoint.load import load
 from torch_tweak.torch.checkpoint.manifest import FORMAT_VERSION, CheckpointWarning
 from torch_tweak.torch.checkpoint.save import save

@@ -6,9 +6,10 @@ becomes ``{"$tt": "artifact", "kind": "file"|"dir", "member": <name in the archi
 ``{"$tt": "tensor", "key": <key in the module's safetensors file>}``; decoding turns them back into the
 extracted path and the loaded tensor.
 
-Backend classes are found by the stored type name only among torch_tweak's built-in backends, classes
-passed to :func:`register_backend`, and ``Backend`` subclasses (at any depth) whose module the program
-has already imported. Nothing named in a checkpoint is ever imported.
+Backend classes are resolved by the backend registry (:func:`~torch_tweak.torch.backend.registry.resolve_backend`):
+torch_tweak's own backends, registered classes and ``Backend`` subclasses the program has already imported.
+:func:`check_backend_state` then refuses states a stranger could abuse. Nothing named in a checkpoint is
+ever imported.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import torch
 
 from torch_tweak.errors import CheckpointError, ConfigError
 from torch_tweak.torch.backend.backend import Backend
-from torch_tweak.torch.module.tree import qualified_name
+from torch_tweak.torch.backend.batch_router import BatchRouterBackend
+from torch_tweak.torch.backend.registry import resolve_backend
 
 MARKER = "$tt"
-_REGISTERED: dict[str, type[Backend]] = {}
 
 
 def is_native(cls: type[Backend]) -> bool:
@@ -37,7 +38,7 @@ def is_native(cls: type[Backend]) -> bool:
 def components(backend_type: str, backend_class: str, state: Any) -> list[tuple[str, str, Any]]:
     """``(type, class, state)`` of a stored backend and, for a :class:`BatchRouterBackend`, of each route's."""
     found = [(backend_type, backend_class, state)]
-    if backend_type == "BatchRouterBackend" and isinstance(state, dict) and isinstance(state.get("routes"), list):
+    if backend_type == BatchRouterBackend.__name__ and isinstance(state, dict) and isinstance(state.get("routes"), list):
         found += [(r["backend_type"], r.get("backend_class"), r.get("state")) for r in state["routes"]
                   if isinstance(r, dict) and isinstance(r.get("backend_type"), str)]
     return found
@@ -148,72 +149,3 @@ def decode_state(value: Any, where: str, artifact: Callable[[dict[str, Any], str
             raise CheckpointError(f"The manifest's {where} has an unknown marker {kind!r:.40}; the checkpoint is corrupt.")
         return {k: decode_state(v, f"{where}[{k!r}]", artifact, tensor) for k, v in value.items()}
     return value
-
-
-def register_backend(cls: type[Backend]) -> type[Backend]:
-    """Allow checkpoints to restore backends of class ``cls`` (works as a decorator).
-
-    Subclasses of ``Backend`` defined in modules the program has imported are found without registering;
-    registration makes the choice explicit, and wins over an imported class of the same name.
-    """
-    if not (isinstance(cls, type) and issubclass(cls, Backend)):
-        raise TypeError(f"register_backend expects a Backend subclass, got {cls!r}.")
-    _REGISTERED[cls.__name__] = cls
-    return cls
-
-
-def _subclasses(root: type) -> list[type]:
-    found, stack = [], list(root.__subclasses__())
-    while stack:
-        cls = stack.pop()
-        found.append(cls)
-        stack.extend(cls.__subclasses__())
-    return found
-
-
-def _builtin(name: str) -> type[Backend] | None:
-    from torch_tweak.torch import backend as backends
-
-    if name not in backends.__all__:
-        return None
-    try:
-        cls = getattr(backends, name)  # imports torch_tweak's own backend module for this fixed name, nothing else
-    except (AttributeError, ImportError):
-        return None
-    return cls if isinstance(cls, type) and issubclass(cls, Backend) and cls is not Backend else None
-
-
-def known_backends() -> list[str]:
-    """Names of the backend classes a checkpoint may name."""
-    from torch_tweak.torch import backend as backends
-
-    names = {n for n in backends.__all__ if n.endswith("Backend") and n != "Backend"}
-    names |= set(_REGISTERED) | {c.__name__ for c in _subclasses(Backend) if not getattr(c, "__abstractmethods__", None)}
-    return sorted(names)
-
-
-def resolve_backend(type_name: str, class_name: str, where: str) -> type[Backend]:
-    """The backend class for a stored ``type`` (class name) and ``class`` (``module:QualName``)."""
-    if type_name in _REGISTERED:
-        return _REGISTERED[type_name]
-    imported = [c for c in _subclasses(Backend) if c.__name__ == type_name]
-    exact = [c for c in imported if qualified_name(c) == class_name]
-    if len(exact) == 1:
-        return exact[0]
-    builtin = _builtin(type_name)
-    if builtin is not None:
-        return builtin
-    if len(imported) == 1:
-        return imported[0]
-    if len(imported) > 1:
-        raise CheckpointError(
-            f"{where}: several imported Backend classes are named {type_name!r} "
-            f"({', '.join(qualified_name(c) for c in imported)}); register the right one with "
-            "torch_tweak.torch.checkpoint.register_backend(cls) before loading."
-        )
-    module = class_name.partition(":")[0]
-    raise CheckpointError(
-        f"{where}: the checkpoint uses backend {type_name!r} ({class_name}), which is not available. torch_tweak never "
-        f"imports modules named in a checkpoint: import {module!r} (or register the class with "
-        f"torch_tweak.torch.checkpoint.register_backend) before tt.load. Known backends: {known_backends()}."
-    )

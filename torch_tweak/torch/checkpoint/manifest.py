@@ -35,6 +35,7 @@ import torch
 
 from torch_tweak.__version__ import __version__
 from torch_tweak.errors import CheckpointError
+from torch_tweak.torch.backend.registry import required_packages
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "torch_tweak.checkpoint"
@@ -45,7 +46,6 @@ ISA_FLAGS = (
     "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
 )
 _LIBRARIES = {"torch": "torch", "openvino": "openvino", "torchao": "torchao", "safetensors": "safetensors"}
-_BACKEND_LIBRARIES = {"OpenVINOBackend": "openvino", "TorchAOBackend": "torchao"}
 
 
 class CheckpointWarning(UserWarning):
@@ -144,7 +144,7 @@ class EnvironmentDiff:
 
     def relevant_to(self, backend_types: list[str]) -> list[str]:
         """Library names whose version changed and that ``backend_types`` use."""
-        used = {"torch", "torch_tweak"} | {_BACKEND_LIBRARIES[t] for t in backend_types if t in _BACKEND_LIBRARIES}
+        used = {"torch", "torch_tweak"} | {p for t in backend_types for p in required_packages(t)}
         return sorted(k for k in self.versions if k in used)
 
 

@@ -10,7 +10,7 @@ from torch import nn
 from torch_tweak.errors import ConfigError
 from torch_tweak.torch.inspecting.inspect import ModuleInfo
 from torch_tweak.torch.inspecting.walk import walk_modules
-from torch_tweak.torch.module._forward import is_intercepted
+from torch_tweak.torch.module.forward import is_intercepted
 from torch_tweak.torch.module.wrapper import Module, unwrap
 
 logger = logging.getLogger(__name__)

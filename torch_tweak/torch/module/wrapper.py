@@ -23,7 +23,7 @@ from torch import nn
 from torch_tweak.errors import ConfigError, SignatureMismatchError, TuningError, UnsupportedInputError
 from torch_tweak.torch.config import config as _config
 from torch_tweak.torch.integrations import activate_integrations
-from torch_tweak.torch.module import _forward
+from torch_tweak.torch.module import forward as _forward
 from torch_tweak.torch.module.recording import graph_key
 from torch_tweak.torch.module.session import current_session
 from torch_tweak.torch.module.spec import GraphSpec

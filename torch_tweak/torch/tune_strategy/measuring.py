@@ -21,28 +21,6 @@ from torch_tweak.torch.tune_strategy.measuring_base import Evaluation, Measuring
 logger = logging.getLogger(__name__)
 
 
-def default_candidates() -> list[Backend]:
-    """Every backend available here: OpenVINO (LATENCY and THROUGHPUT hints), Inductor, TorchAO, eager."""
-    from torch_tweak.torch import backend as backends
-
-    templates: list[Backend] = []
-    factories: list[tuple[str, Any]] = [
-        ("OpenVINOBackend", lambda: [backends.OpenVINOBackend(backends.OpenVINOBackendConfig(performance_hint=hint))
-                                     for hint in ("LATENCY", "THROUGHPUT")]),
-        ("TorchInductorBackend", lambda: [backends.TorchInductorBackend()]),
-        ("TorchAOBackend", lambda: [backends.TorchAOBackend()]),
-    ]
-    for name, make in factories:
-        if not backends.available(name):
-            continue
-        try:
-            templates.extend(make())
-        except (ImportError, AttributeError) as exc:
-            logger.debug("Backend %s is not usable here: %s", name, exc)
-    templates.append(backends.TorchEagerBackend())
-    return templates
-
-
 class HighestThroughputStrategy(MeasuringStrategy):
     """Choose the candidate with the highest throughput (samples/s) at its best batch size.
 

@@ -27,6 +27,7 @@ import torch
 from torch_tweak.errors import ConfigError, TuningError
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.backend.batch_router import BatchRouterBackend
+from torch_tweak.torch.backend.registry import default_candidates
 from torch_tweak.torch.backend.torch_eager import TorchEagerBackend
 from torch_tweak.torch.fidelity import FidelityConfig
 from torch_tweak.torch.module.spec import resize_batch
@@ -124,8 +125,6 @@ class MeasuringStrategy(TuneStrategy):
         """The candidate templates (the defaults when none were given)."""
         if self._backends:
             return list(self._backends)
-        from torch_tweak.torch.tune_strategy.measuring import default_candidates
-
         return default_candidates()
 
     # subclass hooks ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from torch_tweak.errors import ConfigError, TuningError
 from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.torch.backend.registry import default_candidates
 from torch_tweak.torch.fidelity import FidelityConfig
 from torch_tweak.torch.report.report import CHOSEN
 from torch_tweak.torch.tune_strategy.base import (
@@ -60,9 +61,7 @@ class FirstWinsStrategy(TuneStrategy):
         """The backends in the order they are tried (the defaults when none were given)."""
         if self._backends:
             return list(self._backends)
-        from torch_tweak.torch.backend import default_backends
-
-        return default_backends()
+        return default_candidates()
 
     def _tune(self, task: GraphTask) -> Backend:
         failures = []

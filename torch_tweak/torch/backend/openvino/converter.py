@@ -24,7 +24,7 @@ from torch import nn
 
 from torch_tweak.errors import BackendUnavailableError, ConversionError
 from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
-from torch_tweak.torch.module._forward import pristine
+from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
 from torch_tweak.torch.module.tree import Sample
 from torch_tweak.utils.permissions import secure_file, secure_mkdir

@@ -125,6 +125,11 @@ class OpenVINOBackend(Backend):
             return _REPORTED[self._config.inference_precision]
         return _precision_name(ov_core().get_property(ov_device_name(self._device), "INFERENCE_PRECISION_HINT"))
 
+    @classmethod
+    def default_variants(cls) -> list[Backend]:
+        """LATENCY and THROUGHPUT hints: one request using every core, and parallel streams for large batches."""
+        return [cls(OpenVINOBackendConfig(performance_hint=hint)) for hint in ("LATENCY", "THROUGHPUT")]
+
     def precision_fallback(self) -> OpenVINOBackend | None:
         """The same configuration with ``inference_precision="f32"`` when the precision was left to the device
         (bf16 on CPUs with AMX/avx512_bf16), else None."""
