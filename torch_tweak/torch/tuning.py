@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from torch_tweak.errors import ConfigError, TuningError
+from torch_tweak.torch import progress
 from torch_tweak.torch._device import get_device
 from torch_tweak.torch.cache import cache_folder, cache_root
 from torch_tweak.torch.cache import clear_cache as _clear_cache
@@ -18,10 +19,10 @@ from torch_tweak.torch.dataset import dataset_items, iter_batches
 from torch_tweak.torch.module.session import RecordingSession, recording
 from torch_tweak.torch.module.state import TunedGraph, internals
 from torch_tweak.torch.module.wrapper import Module, ModuleState, set_tuner
-from torch_tweak.torch.report import progress
 from torch_tweak.torch.report.report import GraphReport, ModuleReport, TuningReport
-from torch_tweak.torch.report.session import reporting
+from torch_tweak.torch.reporting import reporting
 from torch_tweak.torch.tune_strategy.base import GraphTask, TuneStrategy
+from torch_tweak.torch.tune_strategy.measuring import HighestThroughputStrategy
 from torch_tweak.utils.trace import annotate
 
 logger = logging.getLogger(__name__)
@@ -168,8 +169,6 @@ def _strategies_for(module: Module, specs: list[Any], strategy: TuneStrategy | N
         return [listed[s.name] for s in specs]
     if state.strategy is not None:
         return [state.strategy] * len(specs)
-    from torch_tweak.torch.tune_strategy import HighestThroughputStrategy
-
     return [HighestThroughputStrategy()] * len(specs)
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
+from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.profiling import SweepResult, power_of_two_batch_sizes
 from torch_tweak.torch.profiling.limit import run_with_time_limit
 from torch_tweak.torch.tune_strategy.base import GraphTask, _release, describe_task
@@ -18,16 +20,19 @@ from torch_tweak.torch.tune_strategy.results import Plan
 from torch_tweak.utils.capture import capture_output
 from torch_tweak.utils.permissions import secure_mkdir
 
-if TYPE_CHECKING:
-    from torch_tweak.torch.tune_strategy.measuring_base import MeasuringStrategy
-
 logger = logging.getLogger(__name__)
 
 SEARCH_DIR = "find_max_batch_size"
 
 
-def search_max_batch_size(strategy: MeasuringStrategy, task: GraphTask) -> int | None:
-    """Sweep the strategy's eager baseline over powers of two up to ``strategy.max_batch_size_limit``.
+#: Measures a built backend on a task with a plan (``MeasuringStrategy._measure_backend``); cancel is an Event.
+Measure = Callable[[Backend, GraphTask, Plan, Any], SweepResult]
+
+
+def search_max_batch_size(task: GraphTask, baseline: Backend, limit: int, time_limit_s: float | None,
+                          measure: Measure) -> int | None:
+    """Sweep ``baseline`` (the strategy's eager baseline) over powers of two up to ``limit``, each attempt
+    measured with ``measure`` and bounded by ``time_limit_s``.
 
     The batch size with the highest throughput becomes the graph's max batch size when it is larger than
     the recorded one (``task.graph_spec`` is widened in place, so the module keeps the wider spec). The
@@ -40,30 +45,30 @@ def search_max_batch_size(strategy: MeasuringStrategy, task: GraphTask) -> int |
         logger.info("%s: no batch axis, max batch size search skipped", describe_task(task))
         return None
     low, high = spec.batch_range() or (1, 1)
-    sizes = power_of_two_batch_sizes(low, max(strategy.max_batch_size_limit, low))
-    record: dict[str, Any] = {"recorded_range": [low, high], "batch_sizes": sizes, "backend": strategy.baseline.describe()}
+    sizes = power_of_two_batch_sizes(low, max(limit, low))
+    record: dict[str, Any] = {"recorded_range": [low, high], "batch_sizes": sizes, "backend": baseline.describe()}
     task.report.batch_search = record
     plan = Plan(sizes, True, copy.deepcopy(task.samples[0].sample))
     cache_dir = secure_mkdir(task.cache_dir / SEARCH_DIR)
 
     def run(cancel: Any) -> SweepResult:
-        backend = copy.deepcopy(strategy.baseline)
+        backend = copy.deepcopy(baseline)
         with capture_output(cache_dir / "build.log"):
             backend.build(task.module, spec, task.data(), task.device, cache_dir)
         try:
-            return strategy._measure_backend(backend, task, plan, cancel)
+            return measure(backend, task, plan, cancel)
         finally:
             _release(backend)
 
     try:
-        finished, result = run_with_time_limit(run, strategy.candidate_time_limit_s)
+        finished, result = run_with_time_limit(run, time_limit_s)
     except Exception as exc:  # noqa: BLE001 - the search is an optimization; tuning goes on without it
         record["error"] = f"{type(exc).__name__}: {exc} (build log: {cache_dir / 'build.log'})"
         logger.warning("%s: max batch size search failed, keeping the recorded range: %s", describe_task(task),
                        record["error"])
         return None
     if not finished:
-        record["error"] = f"TimeoutError: the search exceeded candidate_time_limit_s={strategy.candidate_time_limit_s:g} s"
+        record["error"] = f"TimeoutError: the search exceeded candidate_time_limit_s={time_limit_s:g} s"
         logger.warning("%s: max batch size search timed out, keeping the recorded range", describe_task(task))
         return None
     record["sweep"] = result.to_dict()

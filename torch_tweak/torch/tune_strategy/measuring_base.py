@@ -37,6 +37,7 @@ from torch_tweak.torch.profiling import (
     ProfilingConfig,
     SweepResult,
     device_sync,
+    power_of_two_batch_sizes,
     sweep,
 )
 from torch_tweak.torch.profiling.limit import run_with_time_limit
@@ -50,6 +51,7 @@ from torch_tweak.torch.tune_strategy.base import (
     describe_task,
     format_failures,
 )
+from torch_tweak.torch.tune_strategy.batch_search import search_max_batch_size
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, StrategyResult, selection_dict, summarize
 from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
 
@@ -131,8 +133,6 @@ class MeasuringStrategy(TuneStrategy):
 
     def _batch_sizes(self, low: int, high: int) -> list[int]:
         """Batch sizes to measure for a graph whose batch range is ``[low, high]``."""
-        from torch_tweak.torch.profiling import power_of_two_batch_sizes
-
         return power_of_two_batch_sizes(low, high)
 
     def _keep_going(self, measurement: Measurement) -> bool:
@@ -179,9 +179,8 @@ class MeasuringStrategy(TuneStrategy):
 
     def _tune(self, task: GraphTask) -> Backend:
         if self.find_max_batch_size:
-            from torch_tweak.torch.tune_strategy.batch_search import search_max_batch_size
-
-            search_max_batch_size(self, task)
+            search_max_batch_size(task, self.baseline, self.max_batch_size_limit, self.candidate_time_limit_s,
+                                  self._measure_backend)
         plan = self._plan(task)
         evaluations: list[Evaluation] = []
         best: Evaluation | None = None

@@ -16,7 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from torch_tweak.torch.report import progress as _progress
+from torch_tweak.torch import progress as _progress
+from torch_tweak.torch.cache import cache_folder
+from torch_tweak.torch.config import config
 from torch_tweak.torch.report.environment import collect_environment
 from torch_tweak.torch.report.report import TuningReport
 
@@ -28,15 +30,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def reports_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """``<cache_dir>/reports`` (``tt.config.cache_dir`` by default)."""
-    from torch_tweak.torch.config import config
-
     return Path(cache_dir if cache_dir is not None else config.cache_dir) / REPORTS_FOLDER
 
 
 def store_report(report: TuningReport) -> Path:
     """Write ``report`` to ``<cache_dir>/reports/<timestamp>.json`` (owner-only) and return the path."""
-    from torch_tweak.torch.cache import cache_folder
-
     folder = cache_folder(REPORTS_FOLDER)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     path = folder / f"{stamp}.json"
@@ -53,8 +51,6 @@ def reporting(tune: F) -> F:
 
     @functools.wraps(tune)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from torch_tweak.torch.config import config
-
         environment = collect_environment()
         with _progress.progress(config.progress):
             report = tune(*args, **kwargs)
