@@ -61,6 +61,39 @@ class CandidateReport:
     measurements: dict[str, Any] | None = None
     role: str = "candidate"
 
+    @property
+    def selection(self) -> dict[str, Any] | None:
+        """The measurement the strategy judged this candidate by (batch size, throughput, p50/p99), if any."""
+        return (self.measurements or {}).get("selection")
+
+    def _selected(self, key: str) -> Any:
+        return (self.selection or {}).get(key)
+
+    @property
+    def batch_size(self) -> int | None:
+        """The batch size of :attr:`selection`."""
+        return self._selected("batch_size")
+
+    @property
+    def throughput(self) -> float | None:
+        """Samples per second at :attr:`batch_size`."""
+        return self._selected("throughput")
+
+    @property
+    def p50_ms(self) -> float | None:
+        """Median latency per call at :attr:`batch_size`."""
+        return self._selected("p50_ms")
+
+    @property
+    def p99_ms(self) -> float | None:
+        """99th percentile latency per call at :attr:`batch_size`."""
+        return self._selected("p99_ms")
+
+    @property
+    def stable(self) -> bool | None:
+        """Whether the measurement at :attr:`batch_size` met the stop rule's stability criterion."""
+        return self._selected("stable")
+
 
 @dataclass
 class GraphReport:

@@ -52,7 +52,7 @@ from torch_tweak.torch.tune_strategy.base import (
     format_failures,
 )
 from torch_tweak.torch.tune_strategy.batch_search import search_max_batch_size
-from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, StrategyResult, selection_dict, summarize
+from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, StrategyResult, selection_dict
 from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
 
 logger = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ class MeasuringStrategy(TuneStrategy):
             task.report.chosen = backend.describe()
             reason = f"{reason}; {describe_routes(routes, chosen)}"
         task.report.reason = reason
-        self.results.append(summarize(task.module_name, task.graph_spec.name, evaluations, task.report.chosen, reason))
+        self.results.append(StrategyResult(task.module_name, task.report))
         logger.info("%s: chose %s (%s)", describe_task(task), task.report.chosen, reason)
         return backend
 

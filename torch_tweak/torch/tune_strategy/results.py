@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.profiling import Measurement, SweepResult
-from torch_tweak.torch.report.report import CandidateReport
+from torch_tweak.torch.report.report import CandidateReport, GraphReport
 
 
 @dataclass
@@ -21,30 +21,36 @@ class Evaluation:
     pick: Measurement | None = None
 
 
-@dataclass
-class CandidateResult:
-    """Summary of one candidate in :attr:`MeasuringStrategy.results`."""
-
-    backend: str
-    role: str
-    status: str
-    batch_size: int | None = None
-    throughput: float | None = None
-    p50_ms: float | None = None
-    p99_ms: float | None = None
-    stable: bool | None = None
-    error: str | None = None
+#: A candidate's outcome as a strategy reports it: the report's own row (one model for both).
+CandidateResult = CandidateReport
 
 
-@dataclass
+@dataclass(frozen=True)
 class StrategyResult:
-    """What a measuring strategy decided for one graph."""
+    """What a measuring strategy decided for one graph: a view of that graph's report (no second copy)."""
 
     module_name: str
-    graph_spec_name: str
-    chosen: str
-    reason: str
-    candidates: list[CandidateResult] = field(default_factory=list)
+    graph: GraphReport
+
+    @property
+    def graph_spec_name(self) -> str:
+        """The graph's name."""
+        return self.graph.name
+
+    @property
+    def chosen(self) -> str | None:
+        """The chosen candidate's ``describe()``."""
+        return self.graph.chosen
+
+    @property
+    def reason(self) -> str | None:
+        """Why it was chosen."""
+        return self.graph.reason
+
+    @property
+    def candidates(self) -> list[CandidateReport]:
+        """Every candidate's report row, in the order they were tried."""
+        return self.graph.candidates
 
 
 @dataclass
@@ -64,15 +70,3 @@ def selection_dict(metric: str, pick: Measurement | None) -> dict[str, Any] | No
         return None
     return {"metric": metric, "batch_size": pick.batch_size, "throughput": pick.throughput,
             "p50_ms": pick.p50_ms, "p99_ms": pick.p99_ms, "stable": pick.stable}
-
-
-def summarize(module_name: str, graph_name: str, evaluations: list[Evaluation], chosen: str,
-              reason: str) -> StrategyResult:
-    """A :class:`StrategyResult` from the evaluations of one graph."""
-    rows = []
-    for e in evaluations:
-        p = e.pick
-        rows.append(CandidateResult(
-            e.row.backend, e.role, e.row.status, p.batch_size if p else None, p.throughput if p else None,
-            p.p50_ms if p else None, p.p99_ms if p else None, p.stable if p else None, e.row.error))
-    return StrategyResult(module_name, graph_name, chosen, reason, rows)
