@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from toy_models import Pair
 
 from torch_tweak.errors import ConfigError
-from torch_tweak.torch.fidelity import FidelityConfig, Tolerance, check_fidelity
+from torch_tweak.torch.fidelity import (
+    PROBE_FAILED,
+    PROBE_SKIPPED,
+    FidelityConfig,
+    NonFiniteProbe,
+    Tolerance,
+    check_fidelity,
+)
 
 
 def test_identical_outputs_pass():
@@ -83,3 +92,28 @@ def test_custom_tolerances_and_validation():
         Tolerance()
     with pytest.raises(ConfigError):
         FidelityConfig({"fp32": 1e-3})  # type: ignore[dict-item]
+
+
+def test_non_finite_probe_config_is_validated():
+    assert FidelityConfig().check_non_finite is True
+    assert FidelityConfig(check_non_finite=False).check_non_finite is False
+    for bad in (1, "false", None):
+        with pytest.raises(ConfigError, match="check_non_finite"):
+            FidelityConfig(check_non_finite=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="dict of Tolerance"):
+        FidelityConfig([Tolerance(atol=0.1, rtol=0.0)])  # type: ignore[arg-type]
+
+
+def test_failed_probe_fails_the_result_and_lands_in_its_dict():
+    result = check_fidelity(torch.ones(2), torch.ones(2), "bf16")
+    assert result.non_finite == [] and result.failed_probe() is None
+    result.add_probes([NonFiniteProbe("nan", PROBE_SKIPPED, "eager raised ValueError: bad input"),
+                       NonFiniteProbe("inf", PROBE_FAILED, "with +inf in row 1 of args[0] (axis 0), ...", "outputs", 3)])
+    assert not result.passed and result.failed_probe().value == "inf"
+    assert result.message.startswith("the candidate does not propagate +inf like eager: with +inf in row 1")
+    assert "check_non_finite=False" in result.message
+    as_dict = json.loads(json.dumps(result.to_dict()))
+    assert as_dict["non_finite"][1] == {"value": "inf", "status": "failed", "output": "outputs", "mismatched": 3,
+                                        "message": "with +inf in row 1 of args[0] (axis 0), ..."}
+    merged = check_fidelity(torch.ones(2), torch.ones(2), "bf16").merge(result)
+    assert not merged.passed and len(merged.non_finite) == 2

@@ -13,18 +13,35 @@ int8/fp8  relative L2 error and cosine similarity (loosest: quantized weights)
 
 Integer and bool outputs (token ids, masks) must match exactly in fp32 and may differ in at most
 ``max_mismatch_fraction`` of the elements otherwise.
+
+Recorded samples are finite, so they cannot show whether a candidate turns invalid input into plausible
+output (OpenVINO's CPU plugin maps NaN to a finite value in ReLU, Clamp, Maximum, MaxPool and ReduceMax, so
+a NaN row of an MLP or CNN comes back as finite numbers). :func:`probe_non_finite` therefore writes NaN,
+then +inf, into one batch row of every floating-point input of one recorded sample, runs the module's own
+forward and the candidate on it, and requires the same NaN and inf positions in every floating-point
+output (:attr:`FidelityConfig.check_non_finite`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from torch_tweak.errors import ConfigError
-from torch_tweak.torch.module.tree import flatten
+from torch_tweak.torch.backend.torch_inductor import clone_sample
+from torch_tweak.torch.module.forward import original_forward
+from torch_tweak.torch.module.recording import RecordedSample
+from torch_tweak.torch.module.spec import GraphSpec
+from torch_tweak.torch.module.tree import Sample, flatten, flatten_sample
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,23 +82,65 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
 
 @dataclass
 class FidelityConfig:
-    """Tolerances per executed precision; unknown precisions use the loosest (``int8``) limits."""
+    """Tolerances per executed precision; unknown precisions use the loosest (``int8``) limits.
+
+    Attributes:
+        tolerances: a :class:`Tolerance` per executed precision.
+        check_non_finite: after the recorded samples pass, probe the candidate with NaN and +inf in one
+            batch row of every floating-point input (see :func:`probe_non_finite`); a candidate whose outputs
+            do not have eager's NaN/inf positions is rejected. Costs one eager and one candidate call per probe.
+    """
 
     tolerances: dict[str, Tolerance] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
+    check_non_finite: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tolerances, dict):
+            raise ConfigError(f"FidelityConfig.tolerances must be a dict of Tolerance, got "
+                              f"{type(self.tolerances).__name__}.")
         for name, tol in self.tolerances.items():
             if not isinstance(tol, Tolerance):
                 raise ConfigError(f"FidelityConfig.tolerances[{name!r}] must be a Tolerance, got {type(tol).__name__}.")
+        if not isinstance(self.check_non_finite, bool):
+            raise ConfigError(f"FidelityConfig.check_non_finite must be True or False, got {self.check_non_finite!r}.")
 
     def tolerance_for(self, precision: str) -> Tolerance:
         """The tolerance of ``precision`` (``int8`` limits for precisions without an entry)."""
         return self.tolerances.get(precision) or self.tolerances.get("int8") or DEFAULT_TOLERANCES["int8"]
 
 
+PROBE_PASSED = "passed"
+PROBE_FAILED = "failed"
+PROBE_SKIPPED = "skipped"
+PROBE_VALUES: tuple[tuple[str, float], ...] = (("nan", math.nan), ("inf", math.inf))
+_SHOWN = {"nan": "NaN", "inf": "+inf"}
+
+
+@dataclass
+class NonFiniteProbe:
+    """Outcome of one non-finite probe.
+
+    Attributes:
+        value: ``"nan"`` or ``"inf"``, the value written into the inputs.
+        status: ``passed``, ``failed`` or ``skipped``.
+        message: what was poisoned, and why the probe failed or was skipped.
+        output: locator of the first output whose NaN/inf positions differ from eager (failed probes).
+        mismatched: how many elements of that output differ.
+    """
+
+    value: str
+    status: str
+    message: str = ""
+    output: str | None = None
+    mismatched: int = 0
+
+
 @dataclass
 class FidelityResult:
-    """Outcome of one comparison, with the worst measured errors over all output tensors."""
+    """Outcome of one comparison, with the worst measured errors over all output tensors.
+
+    ``non_finite`` holds the non-finite probes (empty when they did not run).
+    """
 
     passed: bool
     precision: str
@@ -90,6 +149,7 @@ class FidelityResult:
     max_rel_l2: float = 0.0
     min_cosine: float = 1.0
     message: str = ""
+    non_finite: list[NonFiniteProbe] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (non-finite numbers become strings)."""
@@ -105,7 +165,25 @@ class FidelityResult:
             max_rel_l2=max(self.max_rel_l2, other.max_rel_l2),
             min_cosine=min(self.min_cosine, other.min_cosine),
             message=self.message if not self.passed else other.message,
+            non_finite=[*self.non_finite, *other.non_finite],
         )
+
+    def failed_probe(self) -> NonFiniteProbe | None:
+        """The first non-finite probe that failed, if any."""
+        return next((p for p in self.non_finite if p.status == PROBE_FAILED), None)
+
+    def add_probes(self, probes: Sequence[NonFiniteProbe]) -> FidelityResult:
+        """Record ``probes``; a failed probe fails this result with a what/why/fix message. Returns ``self``."""
+        self.non_finite.extend(probes)
+        failed = self.failed_probe()
+        if failed is not None and self.passed:
+            self.passed = False
+            self.message = (
+                f"the candidate does not propagate {_SHOWN.get(failed.value, failed.value)} like eager: "
+                f"{failed.message}. Choose another backend, or, if the inputs are guaranteed to be finite, disable "
+                "this probe with FidelityConfig(check_non_finite=False)"
+            )
+        return self
 
 
 def check_fidelity(expected: Any, actual: Any, precision: str, config: FidelityConfig | None = None) -> FidelityResult:
@@ -180,3 +258,141 @@ def _compare_tensor(exp: torch.Tensor, act: torch.Tensor, tol: Tolerance, precis
     if tol.min_cosine is not None and cosine < tol.min_cosine:
         return f"cosine similarity {cosine:.5f} < {tol.min_cosine:g}"
     return ""
+
+
+# non-finite probes ---------------------------------------------------------------------------------
+
+
+def probe_sample(samples: Sequence[RecordedSample]) -> Sample | None:
+    """The recorded call to probe: the smallest batch of at least 2 rows (so clean rows stay), else the first."""
+    if not samples:
+        return None
+    batched = [s for s in samples if (s.batch_size or 0) >= 2]
+    return min(batched, key=lambda s: s.batch_size or 0).sample if batched else samples[0].sample
+
+
+def poison_sample(sample: Sample, graph_spec: GraphSpec, value: float) -> tuple[Sample | None, str]:
+    """A copy of ``sample`` with ``value`` in one batch row of every floating-point input tensor.
+
+    The row is row 1 along the input's batch axis (axis 0 when the graph spec has none); a tensor with a
+    single row gets ``value`` in one element. Returns ``(None, reason)`` when no input can be poisoned,
+    else ``(poisoned, description)``. ``sample`` itself is never modified.
+    """
+    poisoned = clone_sample(sample)
+    leaves, _ = flatten_sample(*poisoned)
+    specs = graph_spec.inputs if len(graph_spec.inputs) == len(leaves) else [None] * len(leaves)
+    shown = "NaN" if math.isnan(value) else f"{value:+}"
+    rows: list[str] = []
+    elements: list[str] = []
+    for index, (leaf, spec) in enumerate(zip(leaves, specs, strict=True)):
+        if not leaf.is_floating_point() or leaf.numel() == 0:
+            continue
+        locator = spec.locator if spec is not None else f"input tensor {index}"
+        axis = next(iter(spec.batch_multipliers), 0) if spec is not None else 0
+        try:
+            with torch.no_grad():
+                if leaf.dim() > axis and leaf.shape[axis] >= 2:
+                    leaf.select(axis, 1).fill_(value)
+                    rows.append(f"{locator} (axis {axis})")
+                else:
+                    leaf[(0,) * leaf.dim()] = value
+                    elements.append(locator)
+        except RuntimeError as exc:  # e.g. an expanded tensor whose elements share memory
+            return None, f"{locator} cannot be written to ({exc})"
+    if not rows and not elements:
+        return None, "the graph has no floating-point input tensor"
+    parts = ([f"row 1 of {', '.join(rows)}"] if rows else []) + ([f"one element of {', '.join(elements)}"]
+                                                                   if elements else [])
+    return poisoned, f"{shown} in {' and '.join(parts)}"
+
+
+def compare_non_finite(expected: Any, actual: Any, graph_spec: GraphSpec | None = None) -> tuple[str, str | None, int]:
+    """Compare the NaN and inf positions of every floating-point output of ``actual`` with ``expected``.
+
+    Returns ``(message, output locator, differing elements)``; the message is empty when they match.
+    """
+    exp_leaves, exp_spec = flatten(expected)
+    act_leaves, act_spec = flatten(actual)
+    if len(exp_leaves) != len(act_leaves) or _strip(exp_spec) != _strip(act_spec):
+        return "the output structure differs from eager", None, 0
+    outputs = graph_spec.outputs if graph_spec is not None and len(graph_spec.outputs) == len(exp_leaves) else None
+    for index, (exp, act) in enumerate(zip(exp_leaves, act_leaves, strict=True)):
+        if not exp.is_floating_point():
+            continue
+        locator = outputs[index].locator if outputs is not None else f"output tensor {index}"
+        if not isinstance(act, torch.Tensor) or tuple(act.shape) != tuple(exp.shape):
+            return f"{locator} has another shape or type than eager's", locator, 0
+        exp, act = exp.detach().cpu(), act.detach().cpu()
+        exp_nan, exp_inf = torch.isnan(exp), torch.isinf(exp)
+        act_nan, act_inf = (torch.isnan(act), torch.isinf(act)) if act.is_floating_point() else (
+            torch.zeros_like(exp_nan), torch.zeros_like(exp_inf))
+        differ = int(((exp_nan != act_nan) | (exp_inf != act_inf)).sum())
+        if differ:
+            exp_bad, act_bad = exp_nan | exp_inf, act_nan | act_inf
+            hidden, spurious = int((exp_bad & ~act_bad).sum()), int((act_bad & ~exp_bad).sum())
+            why = [f"{hidden} of them are finite where eager's are not, so invalid input comes back as plausible "
+                   "output"] if hidden else []
+            why += [f"{spurious} of them are NaN/inf where eager's are finite"] if spurious else []
+            return (
+                f"{differ} of the {exp.numel()} elements of {locator} differ in NaN/inf from eager (eager: "
+                f"{int(exp_nan.sum())} NaN, {int(exp_inf.sum())} inf; candidate: {int(act_nan.sum())} NaN, "
+                f"{int(act_inf.sum())} inf); {'; '.join(why) or 'the candidate has inf where eager has NaN or back'}",
+                locator,
+                differ,
+            )
+    return "", None, 0
+
+
+def probe_non_finite(
+    module: nn.Module, candidate: Callable[..., Any], sample: Sample, graph_spec: GraphSpec
+) -> list[NonFiniteProbe]:
+    """Run the NaN and +inf probes of ``candidate`` against ``module``'s own forward on a copy of ``sample``.
+
+    A probe is skipped when no input is floating-point or when eager itself raises on the poisoned input,
+    and fails when the candidate raises where eager does not, or when the NaN/inf positions of a
+    floating-point output differ. The module's floating-point buffers are restored after every run, so a
+    module that updates state in forward (e.g. BatchNorm in training mode) keeps no NaN.
+    """
+    return [_probe(module, candidate, sample, graph_spec, name, value) for name, value in PROBE_VALUES]
+
+
+def _probe(module: nn.Module, candidate: Callable[..., Any], sample: Sample, graph_spec: GraphSpec, name: str,
+           value: float) -> NonFiniteProbe:
+    poisoned, where = poison_sample(sample, graph_spec, value)
+    if poisoned is None:
+        return NonFiniteProbe(name, PROBE_SKIPPED, f"nothing to probe: {where}")
+    try:
+        with _buffers_restored(module), torch.no_grad():
+            args, kwargs = clone_sample(poisoned)
+            expected = original_forward(module)(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - eager rejecting invalid input is a valid outcome, not a failure
+        logger.info("Non-finite probe skipped: eager raised on %s: %s", where, exc)
+        return NonFiniteProbe(name, PROBE_SKIPPED, f"eager raised {type(exc).__name__}: {_first_line(exc)} with {where}")
+    try:
+        with _buffers_restored(module), torch.no_grad():
+            args, kwargs = clone_sample(poisoned)
+            actual = candidate(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the candidate's error is the probe's result
+        return NonFiniteProbe(name, PROBE_FAILED, f"with {where} the candidate raised {type(exc).__name__}: "
+                                                  f"{_first_line(exc)}, where eager returned outputs")
+    message, output, differ = compare_non_finite(expected, actual, graph_spec)
+    if message:
+        return NonFiniteProbe(name, PROBE_FAILED, f"with {where}, {message}", output, differ)
+    return NonFiniteProbe(name, PROBE_PASSED, f"{where}: same NaN/inf positions as eager")
+
+
+@contextlib.contextmanager
+def _buffers_restored(module: nn.Module) -> Iterator[None]:
+    """Put ``module``'s floating-point buffers back to their current values when the block ends."""
+    saved = [(b, b.detach().clone()) for b in module.buffers() if b.is_floating_point() and b.device.type != "meta"]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else repr(exc))[:300]

@@ -1,7 +1,8 @@
 """Deliberately broken backends for testing strategies and the fidelity check (never defaults).
 
 ``WrongOutputBackend`` adds an offset to every floating output, ``NaNBackend`` fills outputs with
-NaN, ``FailingBuildBackend`` raises during build and ``WrongShapeBackend`` drops the last element
+NaN, ``NaNToZeroBackend`` replaces NaN outputs by 0 (as OpenVINO's CPU ReLU does with a NaN input),
+``FailingBuildBackend`` raises during build and ``WrongShapeBackend`` drops the last element
 of the first axis. All run the module eagerly otherwise.
 
 For the measuring strategies: :class:`FakeClock` is a manual clock to inject into ``ProfilingConfig``;
@@ -46,6 +47,15 @@ class NaNBackend(TorchEagerBackend):
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
         return map_tensors(super()._infer(*args, **kwargs),
                            lambda t: torch.full_like(t, float("nan")) if t.is_floating_point() else t)
+
+
+class NaNToZeroBackend(TorchEagerBackend):
+    """Eager, with NaN in floating outputs replaced by 0: exact on finite inputs, hides NaN inputs."""
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        return map_tensors(super()._infer(*args, **kwargs),
+                           lambda t: torch.nan_to_num(t, nan=0.0, posinf=torch.inf, neginf=-torch.inf)
+                           if t.is_floating_point() else t)
 
 
 class WrongShapeBackend(TorchEagerBackend):

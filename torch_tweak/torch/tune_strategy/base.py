@@ -14,13 +14,19 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import FidelityError, TorchTweakError
+from torch_tweak.torch import progress
 from torch_tweak.torch.backend.backend import Backend, BackendState
-from torch_tweak.torch.fidelity import FidelityConfig, FidelityResult, check_fidelity
-from torch_tweak.torch.module._forward import pristine
+from torch_tweak.torch.fidelity import (
+    FidelityConfig,
+    FidelityResult,
+    check_fidelity,
+    probe_non_finite,
+    probe_sample,
+)
+from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.recording import RecordedSample
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample
-from torch_tweak.torch.report import progress
 from torch_tweak.torch.report.report import BUILD_FAILED, INFER_FAILED, PASSED, REJECTED, CandidateReport, GraphReport
 from torch_tweak.utils.capture import capture_output
 from torch_tweak.utils.permissions import secure_mkdir
@@ -153,10 +159,14 @@ class TuneStrategy(ABC):
                 break
         if result is None:
             return
+        sample = probe_sample(task.samples)
+        if result.passed and self.fidelity.check_non_finite and sample is not None:
+            result.add_probes(probe_non_finite(task.module, backend.infer, sample, task.graph_spec))
         row.fidelity = result.to_dict()
         if not result.passed:
             row.status = REJECTED
-            row.error = f"FidelityError: {result.message} (tolerance for {result.precision}: {result.tolerance})"
+            detail = "" if result.failed_probe() else f" (tolerance for {result.precision}: {result.tolerance})"
+            row.error = f"FidelityError: {result.message}{detail}"
             _release(backend)
             raise CandidateFailedError(row) from FidelityError(row.error)
 
