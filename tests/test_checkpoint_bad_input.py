@@ -29,6 +29,7 @@ from toy_models import Pipeline, mlp
 
 import torch_tweak.torch as tt
 from torch_tweak.errors import CheckpointError
+from torch_tweak.torch import environment
 from torch_tweak.torch.backend import TorchEagerBackend
 from torch_tweak.torch.checkpoint import CheckpointWarning, archive, manifest, writer
 
@@ -295,7 +296,7 @@ def test_environment_changes_warn_and_native_code_falls_back(tmp_path, monkeypat
     assert loaded.state is tt.ModuleState.TUNED and torch.allclose(loaded(x), expected)
     del loaded
     gc.collect()
-    monkeypatch.setattr(manifest, "cpu_model_and_flags", lambda: ("old cpu", frozenset({"sse4_2"})))
+    monkeypatch.setattr(environment, "cpu_info", lambda: environment.CpuInfo("old cpu", frozenset({"sse4_2"}), None))
     with pytest.warns(CheckpointWarning) as caught:
         loaded = tt.load(mlp(seed=3), tmp_path / "n.tt", trust_native_code=True)
     assert any("which this CPU lacks" in str(w.message) for w in caught)

@@ -33,7 +33,7 @@ from torch_tweak.torch.checkpoint import weights
 from torch_tweak.torch.checkpoint.archive import VerifiedArchive, member_name_problem, open_verified
 from torch_tweak.torch.checkpoint.audit import Audit, audit, check_trust
 from torch_tweak.torch.checkpoint.codec import decode_state, route_types
-from torch_tweak.torch.checkpoint.locate import Slot, nested_prefixes, place, put_back, resolve
+from torch_tweak.torch.checkpoint.locate import resolve
 from torch_tweak.torch.checkpoint.manifest import (
     EnvironmentDiff,
     ModuleEntry,
@@ -46,6 +46,7 @@ from torch_tweak.torch.config import config
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.state import TunedGraph, internals
 from torch_tweak.torch.module.tree import qualified_name
+from torch_tweak.torch.module.walk import Slot, nested_prefixes, place
 from torch_tweak.torch.module.wrapper import Module, proxy_of, registered_modules, release
 from torch_tweak.utils.leftovers import owner_tag, remove_leftovers
 
@@ -198,7 +199,7 @@ def _restore(plan: _Plan, holder: _Extracted, journal: list[Callable[[], None]])
         journal.append(lambda: release(created))
         undo = place(plan.slot, proxy)
         if undo is not None:
-            journal.append(lambda: put_back(undo))
+            journal.append(lambda: Slot.undo(undo))
     else:
         journal.append(internals(proxy).snapshot())
     if plan.weights is not None:

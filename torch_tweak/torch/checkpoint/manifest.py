@@ -21,8 +21,6 @@ Layout (format version 1)::
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import json
 import platform
 import sys
@@ -31,21 +29,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from torch_tweak.__version__ import __version__
 from torch_tweak.errors import CheckpointError
+from torch_tweak.torch import environment as environment_probe
 from torch_tweak.torch.backend.registry import required_packages
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "torch_tweak.checkpoint"
 FORMAT_VERSION = 1
 PATH_KINDS = ("child", "attr", "item", "index")
+# Instruction-set flags a manifest records; a loading CPU without one of them may not run compiled artifacts.
 ISA_FLAGS = (
     "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl",
     "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
 )
-_LIBRARIES = {"torch": "torch", "openvino": "openvino", "torchao": "torchao", "safetensors": "safetensors"}
+# Distributions whose versions a manifest records, after torch_tweak's and torch's.
+_LIBRARIES = ("openvino", "torchao", "safetensors")
 
 
 class CheckpointWarning(UserWarning):
@@ -87,51 +86,21 @@ def check_header(manifest: Any, path: Path) -> int:
     return version
 
 
-@functools.cache
-def cpu_model_and_flags() -> tuple[str | None, frozenset[str] | None]:
-    """The CPU model name and its instruction-set flags (Linux ``/proc/cpuinfo``; None where unknown)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return platform.processor() or None, None
-    model, flags = None, None
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name" and model is None:
-            model = value.strip()
-        elif key == "flags" and flags is None:
-            flags = frozenset(value.split())
-    return model, flags
-
-
-@functools.cache
-def _versions() -> tuple[tuple[str, str | None], ...]:
-    versions: dict[str, str | None] = {"torch_tweak": __version__, "torch": torch.__version__}
-    for key, dist in _LIBRARIES.items():
-        if key not in versions:
-            try:
-                versions[key] = importlib.metadata.version(dist)
-            except importlib.metadata.PackageNotFoundError:
-                versions[key] = None
-    return tuple(versions.items())
-
-
 def library_versions() -> dict[str, str | None]:
-    """Versions of torch_tweak and its runtimes (read from package metadata once; nothing is imported)."""
-    return dict(_versions())
+    """Versions of torch_tweak and the runtimes a checkpoint may depend on (from package metadata)."""
+    return {**environment_probe.core_versions(), **environment_probe.distribution_versions(_LIBRARIES)}
 
 
 def environment() -> dict[str, Any]:
     """The environment recorded in a manifest."""
-    model, flags = cpu_model_and_flags()
-    isa = sorted(f for f in ISA_FLAGS if flags is not None and f in flags)
+    cpu = environment_probe.cpu_info()
     return {
         **library_versions(),
         "python": platform.python_version(),
         "machine": platform.machine(),
         "system": sys.platform,
-        "cpu": {"model": model, "flags": isa if flags is not None else None},
+        "cpu": {"model": cpu.model,
+                "flags": sorted(f for f in ISA_FLAGS if f in cpu.flags) if cpu.flags is not None else None},
     }
 
 
@@ -156,7 +125,7 @@ def compare_environment(saved: Any) -> EnvironmentDiff:
                 if k in saved and (saved[k] is None or isinstance(saved[k], str)) and saved[k] != v}
     cpu = saved.get("cpu") if isinstance(saved.get("cpu"), dict) else {}
     saved_flags = cpu.get("flags")
-    _, flags = cpu_model_and_flags()
+    flags = environment_probe.cpu_info().flags
     missing: list[str] = []
     if isinstance(saved_flags, list) and flags is not None:
         missing = sorted(str(f) for f in saved_flags if f in ISA_FLAGS and f not in flags)

@@ -19,7 +19,6 @@ from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.checkpoint import signing, weights
 from torch_tweak.torch.checkpoint.archive import member_name_problem
 from torch_tweak.torch.checkpoint.codec import MARKER, encode_state, is_native
-from torch_tweak.torch.checkpoint.locate import Found, find_wrapped, nested_prefixes
 from torch_tweak.torch.checkpoint.manifest import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, environment, path_text
 from torch_tweak.torch.checkpoint.writer import (
     ArchiveWriter,
@@ -30,6 +29,7 @@ from torch_tweak.torch.checkpoint.writer import (
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.state import ModuleState, internals
 from torch_tweak.torch.module.tree import qualified_name
+from torch_tweak.torch.module.walk import Found, find_wrapped, nested_prefixes
 from torch_tweak.utils.permissions import secure_mkdir
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from torch import nn
 
 from torch_tweak.errors import ConfigError
 from torch_tweak.torch.dataset import dataset_items, iter_batches
-from torch_tweak.torch.inspecting.walk import Found, walk_modules
+from torch_tweak.torch.module.walk import path_name, walk
 from torch_tweak.utils.table import format_table
 
 
@@ -139,8 +139,8 @@ def inspect(
         raise ConfigError(f"{type(obj).__name__} is not callable; pass inference_function=... to run it.")
     items = dataset_items(dataset)
     calls = list(iter_batches(items, 1))
-    found: list[Found] = list(walk_modules(obj, max_depth))
-    infos = [ModuleInfo(f.path, f.module, f.depth, f.parent_path) for f in found]
+    infos = [ModuleInfo(f.name, f.module, f.depth, path_name(f.parent) if f.parent is not None else None)
+             for f in walk(obj, max_depth=max_depth)]
     handles = []
     try:
         for info in infos:

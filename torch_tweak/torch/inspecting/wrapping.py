@@ -9,8 +9,8 @@ from torch import nn
 
 from torch_tweak.errors import ConfigError
 from torch_tweak.torch.inspecting.inspect import ModuleInfo
-from torch_tweak.torch.inspecting.walk import walk_modules
 from torch_tweak.torch.module.forward import is_intercepted
+from torch_tweak.torch.module.walk import path_name, walk
 from torch_tweak.torch.module.wrapper import Module, unwrap
 
 logger = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ def wrap(obj: Any, modules: list[ModuleInfo | nn.Module], strategy: Any = None, 
         raise ConfigError("Only one of strategy or strategies should be provided")
     if not isinstance(modules, (list, tuple)):
         raise ConfigError(f"modules must be a list of ModuleInfo (from tt.inspect) or nn.Module, got {type(modules).__name__}.")
-    found = {id(f.module): f for f in walk_modules(obj, max_depth=64)}
+    found = {id(f.module): f for f in walk(obj, max_depth=64)}
     targets = []
     for item in modules:
         module = unwrap(item.module if isinstance(item, ModuleInfo) else item)
@@ -42,26 +42,20 @@ def wrap(obj: Any, modules: list[ModuleInfo | nn.Module], strategy: Any = None, 
     paths = [t.path for t in targets]
     for target in targets:
         for other in paths:
-            if other != target.path and _inside(target.path, other):
+            if other != target.path and target.path[:len(other)] == other:
                 raise ConfigError(
-                    f"{target.path!r} is inside {other or '<root>'!r}, which is also selected; wrap either the outer or "
-                    "the inner module, not both."
+                    f"{target.name!r} is inside {path_name(other) or '<root>'!r}, which is also selected; wrap either "
+                    "the outer or the inner module, not both."
                 )
     root = obj
     for target in targets:
         if is_intercepted(target.module):
-            logger.info("Keeping the existing tt.Module around %s", target.path or "<root>")
+            logger.info("Keeping the existing tt.Module around %s", target.name or "<root>")
             continue
-        name = target.path or type(target.module).__name__
+        name = target.name or type(target.module).__name__
         proxy = Module(target.module, name=name, strategy=strategy, strategies=strategies)
-        if target.slot is None:
-            root = proxy
+        if target.path:
+            target.slot.set(proxy)
         else:
-            target.slot.put(proxy)
+            root = proxy
     return root
-
-
-def _inside(path: str, other: str) -> bool:
-    if other == "":
-        return True
-    return path.startswith(other) and path[len(other)] in ".["

@@ -2,22 +2,20 @@
 
 It records the CPU (model, instruction-set flags that backends use, core counts), the versions of
 torch_tweak and its runtimes (from package metadata: nothing is imported), and the thread settings
-(torch's pools and the environment variables that size or pin the runtimes' threads).
+(torch's pools and the environment variables that size or pin the runtimes' threads). The machine is
+read by ``torch_tweak.torch.environment``; this module chooses what the report keeps and lays it out.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import os
 import platform
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from torch_tweak.__version__ import __version__
+from torch_tweak.torch import environment as environment_probe
 
 # Instruction-set flags (``/proc/cpuinfo`` names) that change which kernels the runtimes pick.
 _ISA_PREFIXES = ("sse", "ssse", "avx", "amx", "fma", "f16c", "bmi", "vnni", "vaes", "vpclmulqdq", "gfni", "sha_ni")
@@ -30,45 +28,10 @@ _THREAD_VARIABLES = (
 )
 
 
-@functools.cache
-def _cpuinfo() -> tuple[str | None, tuple[str, ...] | None, int | None]:
-    """CPU model, ISA flags and physical core count from ``/proc/cpuinfo`` (None where unknown)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return platform.processor() or None, None, None
-    model: str | None = None
-    flags: set[str] | None = None
-    cores: set[tuple[str, str]] = set()
-    physical_id = "0"
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key, value = key.strip(), value.strip()
-        if key == "model name" and model is None:
-            model = value
-        elif key == "flags" and flags is None:
-            flags = set(value.split())
-        elif key == "physical id":
-            physical_id = value
-        elif key == "core id":
-            cores.add((physical_id, value))
-    isa = tuple(sorted(f for f in flags if f.startswith(_ISA_PREFIXES))) if flags is not None else None
-    return model, isa, len(cores) or None
-
-
-def _version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def library_versions() -> dict[str, str | None]:
     """torch_tweak, torch, Python and the optional runtimes (None when not installed)."""
-    versions: dict[str, str | None] = {"torch_tweak": __version__, "torch": torch.__version__,
-                                       "python": platform.python_version()}
-    versions.update({name: _version(name) for name in _LIBRARIES})
-    return versions
+    return {**environment_probe.core_versions(), "python": platform.python_version(),
+            **environment_probe.distribution_versions(_LIBRARIES)}
 
 
 def thread_settings() -> dict[str, Any]:
@@ -82,18 +45,14 @@ def thread_settings() -> dict[str, Any]:
 
 def collect_environment() -> dict[str, Any]:
     """The environment block stored in every report (JSON-able)."""
-    model, flags, physical = _cpuinfo()
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count()
+    cpu = environment_probe.cpu_info()
     return {
         "cpu": {
-            "model": model,
-            "flags": list(flags) if flags is not None else None,
-            "logical_cores": os.cpu_count(),
-            "physical_cores": physical,
-            "usable_cores": usable,
+            "model": cpu.model,
+            "flags": sorted(f for f in cpu.flags if f.startswith(_ISA_PREFIXES)) if cpu.flags is not None else None,
+            "logical_cores": environment_probe.logical_cores(),
+            "physical_cores": cpu.physical_cores,
+            "usable_cores": environment_probe.usable_cores(),
         },
         "platform": {"system": platform.system(), "release": platform.release(), "machine": platform.machine(),
                      "python_implementation": sys.implementation.name},
