@@ -77,7 +77,7 @@ def test_batch_routing_off_keeps_one_backend(clock):
                      eager_per_sample=0.2, batch_routing=False)
     _, _, graph = tune(strat)
     assert graph.chosen == high_throughput.describe()
-    with pytest.raises(ConfigError, match="batch_routing must be a bool"):
+    with pytest.raises(ConfigError, match="batch_routing must be True or False"):
         tt.HighestThroughputStrategy(batch_routing="yes")
 
 

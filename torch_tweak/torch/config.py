@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_tweak.errors import ConfigError
+from torch_tweak.utils.validate import check_bool, check_int
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -91,17 +92,11 @@ def _validate(name: str, value: Any) -> Any:
             raise ConfigError(f"tt.config.cache_dir must be a path, got {type(value).__name__}.")
         return Path(value).expanduser()
     if name in ("strict_mode", "llm_phase_detection"):
-        if not isinstance(value, bool):
-            raise ConfigError(f"tt.config.{name} must be a bool, got {value!r}.")
-        return value
+        return check_bool(value, f"tt.config.{name}")
     if name == "progress":
-        if value is not None and not isinstance(value, bool):
-            raise ConfigError(f"tt.config.progress must be True, False or None (auto), got {value!r}.")
-        return value
+        return check_bool(value, "tt.config.progress (None: automatic)", allow_none=True)
     if name == "max_num_samples_stored":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"tt.config.max_num_samples_stored must be an integer >= 1, got {value!r}.")
-        return value
+        return check_int(value, "tt.config.max_num_samples_stored", minimum=1)
     if name == "default_device":
         from torch_tweak.torch._device import normalize_device_string
 

@@ -19,11 +19,12 @@ from torch_tweak.torch.dataset import dataset_items, iter_batches
 from torch_tweak.torch.module.session import RecordingSession, recording
 from torch_tweak.torch.module.state import TunedGraph, internals
 from torch_tweak.torch.module.wrapper import Module, ModuleState, set_tuner
-from torch_tweak.torch.report.report import GraphReport, ModuleReport, TuningReport
+from torch_tweak.torch.report.report import GraphReport, ModuleReport, ModuleStatus, TuningReport
 from torch_tweak.torch.reporting import reporting
 from torch_tweak.torch.tune_strategy.base import GraphTask, TuneStrategy
 from torch_tweak.torch.tune_strategy.measuring import HighestThroughputStrategy
 from torch_tweak.utils.trace import annotate
+from torch_tweak.utils.validate import check_int
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +61,7 @@ def tune(
     start = time.perf_counter()
     target = get_device(device if device is not None else config.default_device)
     sizes = _batch_sizes(batch_sizes)
-    if max_num_batches_per_batch_size is not None and (
-        isinstance(max_num_batches_per_batch_size, bool) or not isinstance(max_num_batches_per_batch_size, int)
-        or max_num_batches_per_batch_size < 1
-    ):
-        raise ConfigError(f"max_num_batches_per_batch_size must be a positive integer or None, got {max_num_batches_per_batch_size!r}.")
+    check_int(max_num_batches_per_batch_size, "max_num_batches_per_batch_size", minimum=1, allow_none=True)
     if not callable(func):
         raise ConfigError(f"func must be callable (a module, pipeline or function), got {type(func).__name__}.")
     items = dataset_items(dataset)
@@ -97,7 +94,7 @@ def tune(
         try:
             tune_module(module, target, None, dry_run, module_report)
         except Exception as exc:
-            module_report.status = "passthrough"
+            module_report.status = ModuleStatus.PASSTHROUGH
             module_report.error = f"{type(exc).__name__}: {exc}"
             if not ignore_failing_modules:
                 raise
@@ -125,7 +122,7 @@ def tune_module(
     specs = [g.graph_spec() for g in recorders]
     strategies = _strategies_for(module, specs, strategy)
     if dry_run:
-        report.status = "dry_run"
+        report.status = ModuleStatus.DRY_RUN
         for spec, strat in zip(specs, strategies):
             report.graphs.append(GraphReport(name=spec.name, strategy=strat.describe(), spec=spec.to_dict()))
             logger.info("Module %s (dry run), strategy %s\n%s", module.name, strat.describe(), spec.describe())
@@ -141,11 +138,10 @@ def tune_module(
             built.append(strat.tune(task))
     except Exception:
         for backend in built:
-            if backend.state.name == "ACTIVE":
-                backend.deactivate()
+            backend.release()
         raise
     state.mark_tuned([TunedGraph(spec, graph.key, backend) for spec, graph, backend in zip(specs, recorders, built)])
-    report.status = "tuned"
+    report.status = ModuleStatus.TUNED
     state.offload_weights(config.device_after_tuning)
     return report
 

@@ -253,6 +253,17 @@ class Backend(ABC):
             self._clean_memory()
             self.state = BackendState.INACTIVE
 
+    def release(self) -> None:
+        """Deactivate if this backend was built in this process and is active; otherwise do nothing (a backend
+        loaded from a checkpoint stays deployed: the contract has no way back from DEPLOYED)."""
+        if self.state is BackendState.ACTIVE:
+            self.deactivate()
+
+    def ensure_active(self) -> None:
+        """Activate after :meth:`deactivate` or after loading; do nothing when the backend already serves."""
+        if self.state in (BackendState.INACTIVE, BackendState.CHECKPOINT_LOADED):
+            self.activate()
+
     def deploy(self, device: torch.device | str | None) -> None:
         """Deploys the backend.
 

@@ -15,14 +15,14 @@ from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.module.forward import original_forward
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample, dtype_name, flatten, unflatten
+from torch_tweak.utils.validate import check_bool
 
 AUTOCAST_DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
 
 
 def normalize_autocast(enabled: bool, dtype: Any, owner: str) -> str | None:
     """Validate an ``autocast_enabled``/``autocast_dtype`` pair; return the dtype name or None."""
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"{owner}.autocast_enabled must be a bool, got {enabled!r}.")
+    check_bool(enabled, f"{owner}.autocast_enabled")
     if dtype is None:
         return None
     name = dtype_name(dtype) if isinstance(dtype, torch.dtype) else dtype

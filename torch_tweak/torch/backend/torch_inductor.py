@@ -31,6 +31,7 @@ from torch_tweak.torch.backend.torch_eager import (
 from torch_tweak.torch.module.forward import original_forward
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample, flatten_sample, unflatten_sample
+from torch_tweak.utils.validate import check_bool
 
 BUILD_LOG_NAME = "build.log"
 _MAX_CAUSE_CHARS = 600
@@ -145,10 +146,8 @@ class TorchInductorBackendConfig(BackendConfig):
     def __post_init__(self) -> None:
         owner = type(self).__name__
         self.autocast_dtype = normalize_autocast(self.autocast_enabled, self.autocast_dtype, owner)
-        if not isinstance(self.fullgraph, bool):
-            raise ConfigError(f"{owner}.fullgraph must be a bool, got {self.fullgraph!r}.")
-        if self.dynamic is not None and not isinstance(self.dynamic, bool):
-            raise ConfigError(f"{owner}.dynamic must be None, True or False, got {self.dynamic!r}.")
+        check_bool(self.fullgraph, f"{owner}.fullgraph")
+        check_bool(self.dynamic, f"{owner}.dynamic", allow_none=True)
         if self.mode is not None and self.options is not None:
             raise ConfigError(
                 f"{owner}: mode={self.mode!r} and options={self.options!r} were both given, but torch.compile "

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torch_tweak.errors import BuildError, ConfigError, ConversionError, UnsupportedDeviceError
+from torch_tweak.errors import BuildError, ConversionError, UnsupportedDeviceError
 from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.backend.torch_inductor import build_failure, unsafe_inductor_options, validate_inductor_options
@@ -27,6 +27,7 @@ from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample, flatten_sample, unflatten
 from torch_tweak.utils.permissions import secure_file
+from torch_tweak.utils.validate import check_bool
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +50,7 @@ class TorchInductorAOTBackendConfig(BackendConfig):
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
-        if not isinstance(self.strict, bool):
-            raise ConfigError(f"{owner}.strict must be a bool, got {self.strict!r}.")
+        check_bool(self.strict, f"{owner}.strict")
         if self.options is not None:
             self.options = validate_inductor_options(self.options, owner)
 

@@ -49,6 +49,7 @@ from torch_tweak.torch.module.tree import qualified_name
 from torch_tweak.torch.module.walk import Slot, nested_prefixes, place
 from torch_tweak.torch.module.wrapper import Module, proxy_of, registered_modules, release
 from torch_tweak.utils.leftovers import owner_tag, remove_leftovers
+from torch_tweak.utils.validate import check_bool
 
 logger = logging.getLogger(__name__)
 
@@ -263,8 +264,7 @@ def load(obj: Any, path: str | os.PathLike[str], device_map: dict[str, Any] | No
     """
     start = time.perf_counter()
     path = Path(path)
-    if not isinstance(trust_native_code, bool):
-        raise ConfigError(f"trust_native_code must be True or False, got {trust_native_code!r}.")
+    check_bool(trust_native_code, "trust_native_code")
     with open_verified(path) as archive:
         entries = parse_modules(archive.manifest)
         checked = audit(archive, entries)
@@ -299,8 +299,8 @@ def load(obj: Any, path: str | os.PathLike[str], device_map: dict[str, Any] | No
         if plan.fallback is None:
             internals(proxy).offload_weights(config.device_after_tuning)
         for backend in plan.old_backends:  # release what the module ran before (built in this process)
-            if backend.state.name == "ACTIVE" and backend not in plan.backends:
-                backend.deactivate()
+            if backend not in plan.backends:
+                backend.release()
     logger.info("Loaded %d module(s) from %s in %.2fs", len(plans), path, time.perf_counter() - start)
     root = next((proxy for plan, proxy in zip(plans, proxies) if not plan.entry.path), None)
     return root if root is not None else obj

@@ -96,9 +96,10 @@ class ModuleInternals:
         self.status = ModuleState.TUNED
 
     def mark_passthrough(self, reason: str) -> None:
-        """Run the original module from now on (the chosen backends are dropped, not deactivated)."""
+        """Run the original module from now on (the chosen backends are dropped, not deactivated; what was
+        recorded stays readable through ``graph_specs``)."""
         logger.info("Module %s runs its original code: %s", self.name, reason)
-        self.graphs, self.routes, self.recorder = [], {}, None
+        self.graphs, self.routes = [], {}
         self.status = ModuleState.PASSTHROUGH
 
     def backends(self) -> list[Any]:

@@ -154,14 +154,12 @@ class Module:
     def activate(self) -> None:
         """Make the chosen backends ready for inference (after :meth:`deactivate`)."""
         for backend in self._tt.backends():
-            if backend.state.name in ("INACTIVE", "CHECKPOINT_LOADED"):
-                backend.activate()
+            backend.ensure_active()
 
     def deactivate(self) -> None:
         """Release the chosen backends' resources (only for backends built in this process)."""
         for backend in self._tt.backends():
-            if backend.state.name == "ACTIVE":
-                backend.deactivate()
+            backend.release()
 
     def enable_passthrough(self) -> None:
         """Run the original module from now on (drops tuned backends)."""

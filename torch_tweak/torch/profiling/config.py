@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch_tweak.errors import ConfigError
+from torch_tweak.utils.validate import check_int
 
 
 def _check_int(owner: str, name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{owner}.{name} must be an integer >= {minimum}, got {value!r}.")
+    check_int(value, f"{owner}.{name}", minimum=minimum)
 
 
 def _check_float(owner: str, name: str, value: Any, *, positive: bool, upper: float | None = None) -> None:

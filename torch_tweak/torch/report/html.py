@@ -20,6 +20,7 @@ from torch_tweak.torch.report.metrics import (
     format_throughput,
     graph_metrics,
 )
+from torch_tweak.torch.report.report import ModuleStatus
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def _summary(report: Any) -> str:
     tried = sum(len(g.candidates) for g in graphs)
     speedups = [m.speedup for g in graphs for c, m in zip(g.candidates, graph_metrics(g))
                 if c.status == "chosen" and m.speedup is not None]
-    tuned = sum(1 for m in report.modules if m.status == "tuned")
+    tuned = sum(1 for m in report.modules if m.status == ModuleStatus.TUNED)
     cards = [("modules tuned", f"{tuned} / {len(report.modules)}"), ("graphs", str(len(graphs))),
              ("candidates tried", str(tried)),
              ("best speed-up vs eager", format_speedup(max(speedups)) if speedups else "n/a"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -21,13 +22,37 @@ from torch_tweak.utils.table import format_table
 # 2: structured environment block and creation time.
 SCHEMA_VERSION = 2
 
-# Candidate statuses
-CHOSEN = "chosen"
-PASSED = "passed"
-BUILD_FAILED = "build_failed"
-INFER_FAILED = "infer_failed"
-REJECTED = "rejected"
-TIMEOUT = "timeout"
+
+
+class CandidateStatus(str, enum.Enum):
+    """What happened to a candidate (a ``str``: it compares equal to, and serializes as, its value)."""
+
+    __str__ = str.__str__  # prints and formats as its value, like the plain string it replaces
+    __format__ = str.__format__
+
+    PENDING = "pending"
+    CHOSEN = "chosen"
+    PASSED = "passed"
+    BUILD_FAILED = "build_failed"
+    INFER_FAILED = "infer_failed"
+    REJECTED = "rejected"
+    TIMEOUT = "timeout"
+
+
+class ModuleStatus(str, enum.Enum):
+    """What tuning did with a module (a ``str``, like :class:`CandidateStatus`)."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+    PENDING = "pending"
+    TUNED = "tuned"
+    PASSTHROUGH = "passthrough"
+    DRY_RUN = "dry_run"
+
+
+CHOSEN, PASSED, REJECTED = CandidateStatus.CHOSEN, CandidateStatus.PASSED, CandidateStatus.REJECTED
+BUILD_FAILED, INFER_FAILED, TIMEOUT = CandidateStatus.BUILD_FAILED, CandidateStatus.INFER_FAILED, CandidateStatus.TIMEOUT
 
 TABLE_HEADERS = ["module", "graph", "candidate", "status", "precision", "max abs err", "throughput", "p50 ms",
                  "p99 ms", "vs eager", "chosen"]
@@ -52,7 +77,7 @@ class CandidateReport:
 
     backend: str
     key: str
-    status: str = "pending"
+    status: str = CandidateStatus.PENDING
     precision: str | None = None
     build_time_s: float | None = None
     fidelity: dict[str, Any] | None = None
@@ -117,7 +142,7 @@ class ModuleReport:
     """One wrapped module: ``tuned``, ``passthrough`` (tuning failed, original code runs) or ``dry_run``."""
 
     name: str
-    status: str = "pending"
+    status: str = ModuleStatus.PENDING
     error: str | None = None
     graphs: list[GraphReport] = field(default_factory=list)
 

@@ -17,6 +17,7 @@ from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.profiling import Measurement, SweepResult
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
 from torch_tweak.torch.tune_strategy.measuring_base import Evaluation, MeasuringStrategy
+from torch_tweak.utils.validate import check_bool
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +40,7 @@ class HighestThroughputStrategy(MeasuringStrategy):
     def __init__(self, backends: Iterable[Backend] | None = None, *, batch_routing: bool = True,
                  **kwargs: Any) -> None:
         super().__init__(backends, **kwargs)
-        if not isinstance(batch_routing, bool):
-            raise ConfigError(f"HighestThroughputStrategy: batch_routing must be a bool, got {batch_routing!r}.")
-        self._routes_batches = batch_routing
+        self._routes_batches = check_bool(batch_routing, "HighestThroughputStrategy: batch_routing")
 
     def _pick(self, result: SweepResult) -> Measurement | None:
         return result.best()

@@ -54,6 +54,7 @@ from torch_tweak.torch.tune_strategy.base import (
 from torch_tweak.torch.tune_strategy.batch_search import search_max_batch_size
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, StrategyResult, selection_dict
 from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
+from torch_tweak.utils.validate import check_bool, check_int
 
 logger = logging.getLogger(__name__)
 
@@ -109,12 +110,8 @@ class MeasuringStrategy(TuneStrategy):
             candidate_time_limit_s = _check_number(owner, "candidate_time_limit_s", candidate_time_limit_s,
                                                    allow_zero=False)
         self.candidate_time_limit_s = candidate_time_limit_s
-        if not isinstance(find_max_batch_size, bool):
-            raise ConfigError(f"{owner}: find_max_batch_size must be a bool, got {find_max_batch_size!r}.")
-        self.find_max_batch_size = find_max_batch_size
-        if isinstance(max_batch_size_limit, bool) or not isinstance(max_batch_size_limit, int) or max_batch_size_limit < 1:
-            raise ConfigError(f"{owner}: max_batch_size_limit must be an integer >= 1, got {max_batch_size_limit!r}.")
-        self.max_batch_size_limit = max_batch_size_limit
+        self.find_max_batch_size = check_bool(find_max_batch_size, f"{owner}: find_max_batch_size")
+        self.max_batch_size_limit = check_int(max_batch_size_limit, f"{owner}: max_batch_size_limit", minimum=1)
         self.baseline = backends_from([baseline], owner)[0] if baseline is not None else TorchEagerBackend()
         self.results: list[StrategyResult] = []
 

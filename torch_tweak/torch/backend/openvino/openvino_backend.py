@@ -31,6 +31,7 @@ from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample
 from torch_tweak.torch.module.tree_json import spec_to_json
 from torch_tweak.utils.permissions import secure_mkdir
+from torch_tweak.utils.validate import check_bool
 
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 _PRECISIONS = {"f32": "f32", "fp32": "f32", "float32": "f32", "bf16": "bf16", "bfloat16": "bf16",
@@ -57,8 +58,7 @@ class OpenVINOBackendConfig(BackendConfig):
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
-        if not isinstance(self.use_dynamo, bool):
-            raise ConfigError(f"{owner}.use_dynamo must be a bool, got {self.use_dynamo!r}.")
+        check_bool(self.use_dynamo, f"{owner}.use_dynamo")
         hint = self.performance_hint.upper() if isinstance(self.performance_hint, str) else None
         if hint not in PERFORMANCE_HINTS:
             raise ConfigError(f"{owner}.performance_hint must be one of {list(PERFORMANCE_HINTS)}, got "
