@@ -73,13 +73,14 @@ def example_leaves(graph_spec: GraphSpec, data: list[Sample]) -> list[torch.Tens
 def dynamic_shapes(graph_spec: GraphSpec, auto_dims: bool = False) -> tuple[Any, ...]:
     """``torch.export`` dynamic shapes for :class:`FlatForward`: one shared batch Dim, one Dim per dynamic axis.
 
-    With ``auto_dims`` the dynamic (non-batch) axes use ``Dim.AUTO`` with their ranges, letting
-    ``torch.export`` find relations between them (e.g. the sequence axis of ids and mask).
+    The dims are unbounded above (any size >= 1): the recorded range tells which axes vary, never which sizes a
+    tuned model may serve, since eager serves them all. With ``auto_dims`` the dynamic (non-batch) axes use
+    ``Dim.AUTO``, letting ``torch.export`` find relations between them (e.g. the sequence axis of ids and mask).
     """
     from torch.export import Dim
 
     bounds = graph_spec.batch_range()
-    batch = Dim("batch", min=bounds[0], max=bounds[1]) if bounds is not None and bounds[1] > bounds[0] else None
+    batch = Dim("batch", min=1) if bounds is not None and bounds[1] > bounds[0] else None
     per_leaf: list[dict[int, Any] | None] = []
     for spec in graph_spec.inputs:
         axes: dict[int, Any] = {}
@@ -87,7 +88,6 @@ def dynamic_shapes(graph_spec: GraphSpec, auto_dims: bool = False) -> tuple[Any,
             for axis, k in spec.batch_multipliers.items():
                 axes[axis] = batch if k == 1 else k * batch
         for axis in spec.dynamic_axes():
-            lo, hi = spec.min_shape[axis], spec.max_shape[axis]
-            axes[axis] = Dim.AUTO(min=lo, max=hi) if auto_dims else Dim(f"{spec.name}_dim{axis}", min=lo, max=hi)
+            axes[axis] = Dim.AUTO if auto_dims else Dim(f"{spec.name}_dim{axis}", min=1)
         per_leaf.append(axes or None)
     return (tuple(per_leaf),)

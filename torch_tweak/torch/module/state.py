@@ -64,6 +64,7 @@ class ModuleInternals:
         self.phases = False
         self.strict_key = True
         self.checkpoint: Any = None  # keeps the folder a checkpoint was extracted to alive while backends use it
+        self.unservable_logged: set[int] = set()  # backends whose refused calls were already logged
         self.tls = threading.local()
 
     # tuning ------------------------------------------------------------------------------------

@@ -185,7 +185,10 @@ class Module:
                 backend = state.routes.get(graph_key(args, kwargs, state.strict_key, state.phases))
                 if backend is None:
                     return self._tt_unknown(args, kwargs)
-                return backend.infer(*args, **kwargs)
+                try:
+                    return backend.infer(*args, **kwargs)
+                except UnsupportedInputError as exc:
+                    return self._tt_unservable(backend, exc, args, kwargs)
             session = current_session()
             if session is None:
                 return state.original(*args, **kwargs)
@@ -201,6 +204,19 @@ class Module:
                                              _config.llm_phase_detection)
         session.note(self)
         return recorder.record_call(state.original, args, kwargs, session.batch_size)
+
+    def _tt_unservable(self, backend: Any, exc: UnsupportedInputError, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> Any:
+        """A call the chosen backend cannot serve (e.g. a shape its runtime refuses) runs the original module when
+        its weights are still here; the first such call of each backend is logged."""
+        state = self._tt
+        if state.offloaded:
+            raise exc
+        if id(backend) not in state.unservable_logged:
+            state.unservable_logged.add(id(backend))
+            logger.warning("Module %s: %s cannot serve a call (%s); such calls run the original module.", state.name,
+                           backend.describe(), exc)
+        return state.original(*args, **kwargs)
 
     def _tt_unknown(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         state = self._tt

@@ -97,15 +97,13 @@ def _export(wrapper: nn.Module, graph_spec: GraphSpec, leaves: tuple[torch.Tenso
 
 
 def _partial_shape(ov: Any, spec: TensorSpec) -> Any:
-    dims = [
-        ov.Dimension(size) if isinstance(size, int) else ov.Dimension(lo, hi)
-        for size, lo, hi in zip(spec.shape, spec.min_shape, spec.max_shape, strict=False)
-    ]
-    return ov.PartialShape(dims)
+    """Static axes keep their size; batch and dynamic axes accept any size (as eager does), not only the recorded
+    range."""
+    return ov.PartialShape([ov.Dimension(size) if isinstance(size, int) else ov.Dimension() for size in spec.shape])
 
 
 def _apply_graph_spec(ov: Any, model: Any, graph_spec: GraphSpec) -> None:
-    """Name inputs/outputs after the tensor specs and bound the input shapes to the tuned ranges."""
+    """Name inputs/outputs after the tensor specs and give the inputs the graph's static and dynamic axes."""
     if len(model.inputs) != len(graph_spec.inputs) or len(model.outputs) != len(graph_spec.outputs):
         raise ConversionError(
             f"The converted model has {len(model.inputs)} inputs and {len(model.outputs)} outputs, but graph "

@@ -36,7 +36,7 @@ class Runner:
         self._structure, self._out_structure = graph_spec.input_structure, graph_spec.output_structure
         self._dtypes = tuple(s.torch_dtype for s in graph_spec.inputs)
         self._n = len(graph_spec.inputs)
-        self._positional = self._structure == ("tuple", (("tuple", (TENSOR,) * self._n), ("dict", (), ())))
+        self._positional = self._structure == flatten_sample((torch.empty(0),) * self._n, {})[1]
         produced = [torch.from_numpy(np.empty(0, p.get_element_type().to_dtype())).dtype for p in compiled.outputs]
         self._casts = [(i, s.torch_dtype) for i, (d, s) in enumerate(zip(produced, graph_spec.outputs, strict=True))
                        if d != s.torch_dtype]
@@ -166,9 +166,11 @@ class Runner:
                     f"{spec.locator}: expected dtype {spec.dtype}, got {dtype_name(t.dtype)}; the OpenVINO model was "
                     f"built for {spec.dtype} inputs. Cast the input, or tune with {dtype_name(t.dtype)} inputs."
                 )
-            if not spec.accepts(tuple(t.shape)):
+            static = [(axis, size) for axis, size in enumerate(spec.shape) if isinstance(size, int)]
+            if t.dim() != len(spec.shape) or any(t.shape[axis] != size for axis, size in static):
                 return UnsupportedInputError(
-                    f"{spec.locator}: shape {list(t.shape)} is outside the tuned range (shape {list(spec.shape)}, "
-                    f"min {list(spec.min_shape)}, max {list(spec.max_shape)}). Tune with inputs covering this shape."
+                    f"{spec.locator}: shape {list(t.shape)} does not fit the graph's shape {list(spec.shape)}: its "
+                    "static axes were the same in every recorded call, and the model was built for that size. Tune "
+                    "with inputs of this shape too (then the axis becomes dynamic)."
                 )
         return UnsupportedInputError(f"OpenVINO rejected the inputs of graph {self._spec.name!r}; see the cause.")

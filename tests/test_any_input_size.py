@@ -1,0 +1,106 @@
+"""A tuned model serves every size eager serves on its dynamic axes, not only the recorded range.
+
+Tuning records a few sentences at batch sizes 1 and 2; the tuned encoder is then called with batch sizes and
+sequence lengths outside what was recorded. A backend that truly cannot serve a call hands it to the original
+module (while its weights are loaded), with one log line.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from toy_models import mlp
+
+import torch_tweak.torch as tt
+from torch_tweak.errors import UnsupportedInputError
+from torch_tweak.tiny_models import bert_dataset, tiny_bert
+from torch_tweak.torch.backend import TorchEagerBackend
+
+OUTSIDE = [(5, 3), (3, 30), (1, 2)]  # (batch, sequence length); recorded: batch 1-2, length 6-11
+
+
+def _calls():
+    generator = torch.Generator().manual_seed(7)
+    for batch, length in OUTSIDE:
+        yield {"input_ids": torch.randint(1, 100, (batch, length), generator=generator),
+               "attention_mask": torch.ones(batch, length, dtype=torch.long)}
+
+
+def _tuned_bert(backend):
+    model = tiny_bert()
+    wrapped = tt.Module(model, name="bert", strategy=tt.OneBackendStrategy(backend))
+    report = tt.tune(wrapped, bert_dataset(), batch_sizes=[1, 2])
+    assert wrapped.state is tt.ModuleState.TUNED, report
+    return model, wrapped
+
+
+def _check_outside_range(backend, atol, caplog):
+    reference = tiny_bert()
+    model, wrapped = _tuned_bert(backend)
+    spec = wrapped.graph_specs[0]
+    ids = next(s for s in spec.inputs if s.name.endswith("input_ids"))
+    assert (ids.min_shape[0], ids.max_shape[0]) == (1, 2) and (ids.min_shape[1], ids.max_shape[1]) == (6, 11)
+    for call in _calls():
+        with torch.no_grad(), caplog.at_level(logging.WARNING, logger="torch_tweak.torch.module.wrapper"):
+            got, want = wrapped(**call), reference(**call)
+        assert not [r for r in caplog.records if "cannot serve" in r.getMessage()]  # the backend served it
+        torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, atol=atol, rtol=atol)
+        torch.testing.assert_close(got.pooler_output, want.pooler_output, atol=atol, rtol=atol)
+
+
+@pytest.mark.openvino
+@pytest.mark.parametrize("hint", ["LATENCY", "THROUGHPUT"])
+def test_openvino_serves_batch_and_sequence_outside_the_recorded_range(hint, caplog):
+    pytest.importorskip("openvino")
+    from torch_tweak.torch.backend import OpenVINOBackend, OpenVINOBackendConfig
+
+    backend = OpenVINOBackend(OpenVINOBackendConfig(performance_hint=hint, inference_precision="f32"))
+    _check_outside_range(backend, 1e-4, caplog)
+
+
+@pytest.mark.slow
+def test_inductor_aot_serves_batch_and_sequence_outside_the_recorded_range(caplog):
+    from torch_tweak.torch.backend import TorchInductorAOTBackend
+
+    _check_outside_range(TorchInductorAOTBackend(), 1e-4, caplog)
+
+
+class SmallBatchOnly(TorchEagerBackend):
+    """Eager, but refuses batches over 4 the way a runtime with a fixed shape would."""
+
+    def _infer(self, *args, **kwargs):
+        if args[0].shape[0] > 4:
+            raise UnsupportedInputError(f"batch {args[0].shape[0]} is over this runtime's limit of 4")
+        return super()._infer(*args, **kwargs)
+
+
+def test_a_call_the_backend_cannot_serve_runs_the_original_module_once_logged(caplog):
+    model = mlp()
+    wrapped = tt.Module(model, name="limited", strategy=tt.OneBackendStrategy(SmallBatchOnly()))
+    tt.tune(wrapped, [torch.randn(8) for _ in range(4)], batch_sizes=[1, 2])
+    x = torch.randn(7, 8)
+    with caplog.at_level(logging.WARNING, logger="torch_tweak.torch.module.wrapper"):
+        first, second = wrapped(x), wrapped(x)
+    torch.testing.assert_close(first, mlp()(x))
+    torch.testing.assert_close(second, first)
+    logged = [r.getMessage() for r in caplog.records if "cannot serve a call" in r.getMessage()]
+    assert len(logged) == 1 and "over this runtime's limit of 4" in logged[0] and "original module" in logged[0]
+
+
+class SelfContainedSmallBatchOnly(SmallBatchOnly):
+    """Claims not to need the module's weights (as OpenVINO does), so tuning offloads them."""
+
+    requires_original_module = False
+
+
+def test_without_the_original_weights_the_refusal_is_raised():
+    from torch_tweak.torch.module.state import internals
+
+    tt.config.device_after_tuning = "meta"
+    wrapped = tt.Module(mlp(), name="limited_meta", strategy=tt.OneBackendStrategy(SelfContainedSmallBatchOnly()))
+    tt.tune(wrapped, [torch.randn(8) for _ in range(4)], batch_sizes=[1, 2])
+    assert internals(wrapped).offloaded
+    with pytest.raises(UnsupportedInputError, match="limit of 4"):
+        wrapped(torch.randn(7, 8))
