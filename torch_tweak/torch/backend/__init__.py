@@ -35,6 +35,8 @@ __all__ = [
     "BackendState",
     "BatchRouterBackend",
     "GraphSpec",
+    "ONNXRuntimeBackend",
+    "ONNXRuntimeBackendConfig",
     "OpenVINOBackend",
     "OpenVINOBackendConfig",
     "Sample",

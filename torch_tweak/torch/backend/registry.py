@@ -53,6 +53,7 @@ class BackendEntry:
 
 BACKENDS: dict[str, BackendEntry] = {
     "OpenVINOBackend": BackendEntry(f"{_PACKAGE}.openvino", "OpenVINOBackendConfig", ("openvino",)),
+    "ONNXRuntimeBackend": BackendEntry(f"{_PACKAGE}.onnxruntime", "ONNXRuntimeBackendConfig", ("onnxruntime",)),
     "TorchInductorBackend": BackendEntry(f"{_PACKAGE}.torch_inductor", "TorchInductorBackendConfig"),
     "TorchAOBackend": BackendEntry(f"{_PACKAGE}.torchao", "TorchAOBackendConfig", ("torchao",)),
     "TorchInductorAOTBackend": BackendEntry(f"{_PACKAGE}.torch_inductor_aot", "TorchInductorAOTBackendConfig",

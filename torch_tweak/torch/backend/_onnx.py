@@ -1,0 +1,187 @@
+"""PyTorch graph → ONNX file for :class:`~torch_tweak.torch.backend.onnxruntime.ONNXRuntimeBackend`.
+
+The graph is exported with ``torch.onnx``'s dynamo exporter (``torch.export`` capture, onnxscript translation
+and graph optimizer): it folds batch norm into convolutions and keeps every symbolic axis symbolic, where the
+TorchScript exporter bakes sizes into the reshapes of ``nn.TransformerEncoder`` (the model then fails at any
+other batch size). The module runs through :class:`FlatForward`, so ONNX inputs and outputs are the graph's
+tensors in :class:`GraphSpec` order and are named after the tensor specs.
+
+Every batch and dynamic axis is exported unbounded (:func:`~torch_tweak.torch.backend._export.dynamic_shapes`):
+an ONNX model serves any size eager serves. Optional INT8: onnxruntime's dynamic quantization of the ``MatMul``
+weights (per output channel; activations are quantized per call, one scale per tensor).
+
+``torch.onnx``, ``onnx`` and ``onnxruntime.quantization`` are imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torch_tweak.errors import BackendUnavailableError, ConversionError
+from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
+from torch_tweak.torch.backend.torch_inductor import build_failure
+from torch_tweak.torch.module.forward import pristine
+from torch_tweak.torch.module.spec import GraphSpec
+from torch_tweak.torch.module.tree import Sample
+from torch_tweak.utils.permissions import secure_file
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = "Install it with: pip install torch-tweak[onnxruntime]"
+EXPORT_HINT = (
+    "The module could not be captured as one graph with dynamic batch and dynamic axes; data-dependent Python "
+    "control flow, sizes fixed by the code and operators without an ONNX translation are the usual causes. Use "
+    "another backend for this module (TorchInductorBackend allows graph breaks)."
+)
+
+
+def require(*packages: str, what: str) -> None:
+    """Raise :class:`BackendUnavailableError` naming the first of ``packages`` that is not installed."""
+    for package in packages:
+        if importlib.util.find_spec(package) is None:
+            raise BackendUnavailableError(
+                f"ONNXRuntimeBackend needs the {package!r} package {what}, which is not installed. {INSTALL_HINT}"
+            )
+
+
+def export_onnx(module: nn.Module, graph_spec: GraphSpec, data: list[Sample], path: Path, log_dir: Path | None) -> Path:
+    """Export one graph of ``module`` to ``path`` (``path.data`` beside it holds the weights of a model over
+    protobuf's 2 GiB limit); return ``path``. Raise :class:`ConversionError` when the module cannot be captured
+    (its message names the build log in ``log_dir``)."""
+    require("onnxscript", "onnx", what="to export the module to ONNX")
+    leaves = tuple(example_leaves(graph_spec, data))
+    names = {"input_names": [s.name for s in graph_spec.inputs], "output_names": [s.name for s in graph_spec.outputs]}
+    with torch.no_grad(), pristine(module):
+        wrapper = FlatForward(module, graph_spec).eval()
+
+        def export(auto_dims: bool) -> Any:
+            with warnings.catch_warnings():  # the exporter names each shared dim once and says so for every other
+                warnings.filterwarnings("ignore", message=".*will not be used, since it shares the same shape")
+                return torch.onnx.export(wrapper, leaves, dynamo=True, optimize=True, verbose=False, report=False,
+                                         dynamic_shapes=dynamic_shapes(graph_spec, auto_dims), **names)
+
+        try:
+            try:
+                program = export(auto_dims=False)
+            except Exception as first:
+                if not any(s.dynamic_axes() for s in graph_spec.inputs):
+                    raise
+                logger.info("ONNX export with independent dynamic dims failed (%s); retrying with Dim.AUTO.", first)
+                program = export(auto_dims=True)
+        except ConversionError:
+            raise
+        except Exception as exc:
+            # torch.onnx wraps the capture error in a TorchExportError whose text is generic advice: report the cause
+            cause = exc.__cause__ if type(exc).__name__ == "TorchExportError" and exc.__cause__ is not None else exc
+            raise build_failure(f"torch.onnx.export of graph {graph_spec.name!r} failed", cause, log_dir, EXPORT_HINT,
+                                error_cls=ConversionError) from exc
+    try:
+        program.save(str(path))
+    except Exception as exc:
+        raise build_failure(f"Could not write the ONNX model to {path}", exc, log_dir, error_cls=ConversionError) from exc
+    _secure(path)
+    return path
+
+
+def _secure(path: Path) -> None:
+    secure_file(path)
+    data = path.with_name(path.name + ".data")
+    if data.is_file():
+        secure_file(data)
+
+
+@contextlib.contextmanager
+def _root_logger_untouched() -> Iterator[None]:
+    """onnxruntime.quantization warns through ``logging.warning``, which configures the root logger when it has
+    no handler; a temporary NullHandler keeps the application's logging as it was."""
+    root = logging.getLogger()
+    guard = logging.NullHandler() if not root.handlers else None
+    if guard is not None:
+        root.addHandler(guard)
+    try:
+        yield
+    finally:
+        if guard is not None:
+            root.removeHandler(guard)
+
+
+def quantize_int8_dynamic(source: Path, target: Path, log_dir: Path | None) -> Path:
+    """Write ``source`` with INT8 ``MatMul`` weights (per output channel) to ``target``; return ``target``.
+
+    ``Gemm`` nodes (what the exporter makes of an ``nn.Linear`` on 2-D inputs) are first rewritten as
+    ``MatMul`` + ``Add``, which onnxruntime's dynamic quantization handles and ``Gemm`` it does not.
+    """
+    require("onnx", what="to quantize the ONNX model")
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model = onnx.load(str(source))
+    large = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    rewritten = _gemm_to_matmul(model)
+    try:
+        with _root_logger_untouched():
+            quantize_dynamic(model if rewritten else source, target, op_types_to_quantize=["MatMul"], per_channel=True,
+                             weight_type=QuantType.QInt8, use_external_data_format=large)
+    except Exception as exc:
+        raise build_failure(f"onnxruntime's dynamic INT8 quantization of {source} failed", exc, log_dir,
+                            "Use ONNXRuntimeBackendConfig(quantization=None) for this module.",
+                            error_cls=ConversionError) from exc
+    _secure(target)
+    return target
+
+
+def _gemm_to_matmul(model: Any) -> bool:
+    """Rewrite ``Y = A @ op(B) + C`` Gemm nodes with a constant ``B`` (alpha = beta = 1, A not transposed) as
+    ``MatMul(A, B')`` + ``Add(C)`` in place; return True if any node changed."""
+    from onnx import helper, numpy_helper
+
+    weights = {t.name: t for t in model.graph.initializer}
+    nodes, replaced = [], set()
+    for index, node in enumerate(model.graph.node):
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        weight = weights.get(node.input[1]) if node.op_type == "Gemm" and len(node.input) > 1 else None
+        if weight is None or attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
+            nodes.append(node)
+            continue
+        array = numpy_helper.to_array(weight)
+        matrix = numpy_helper.from_array((array.T if attrs.get("transB", 0) else array).copy(), f"tt_gemm{index}_weight")
+        model.graph.initializer.append(matrix)
+        replaced.add(weight.name)
+        has_bias = len(node.input) > 2 and node.input[2] != ""
+        product = f"tt_gemm{index}_product" if has_bias else node.output[0]
+        nodes.append(helper.make_node("MatMul", [node.input[0], matrix.name], [product], name=f"tt_gemm{index}_matmul"))
+        if has_bias:
+            nodes.append(helper.make_node("Add", [product, node.input[2]], [node.output[0]], name=f"tt_gemm{index}_add"))
+    if not replaced:
+        return False
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    unused = replaced - _referenced(model.graph)
+    kept = [t for t in model.graph.initializer if t.name not in unused]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    return True
+
+
+def _referenced(graph: Any) -> set[str]:
+    """Names ``graph`` uses as node inputs or outputs, subgraphs (If, Loop, Scan bodies) included."""
+    from onnx import helper
+
+    names = {o.name for o in graph.output}
+    for node in graph.node:
+        names.update(node.input)
+        for attr in node.attribute:
+            value = helper.get_attribute_value(attr)
+            for sub in value if isinstance(value, list) else [value]:
+                if hasattr(sub, "node") and hasattr(sub, "initializer"):
+                    names |= _referenced(sub)
+    return names
