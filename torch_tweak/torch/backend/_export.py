@@ -9,14 +9,41 @@ axes, and :func:`example_leaves` picks example inputs that avoid the 0/1 special
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from torch_tweak.errors import ConversionError
+from torch_tweak.errors import ConversionError, UnsupportedInputError
 from torch_tweak.torch.module.spec import GraphSpec, resize_batch
 from torch_tweak.torch.module.tree import Sample, flatten, flatten_sample, unflatten_sample
+
+
+class CallLeaves:
+    """A call's tensors in graph order, for runtimes that take flat inputs (OpenVINO, ONNX Runtime).
+
+    A graph whose inputs are positional tensors only is served from ``args`` as they are (no walk of the call);
+    any other call is flattened and must have the recorded structure, since the non-tensor values in it are
+    constants of the compiled model.
+    """
+
+    def __init__(self, graph_spec: GraphSpec, model: str) -> None:
+        self._n = len(graph_spec.inputs)
+        self._structure = graph_spec.input_structure
+        self._positional = flatten_sample((torch.empty(0),) * self._n, {})[1] == self._structure
+        self._graph, self._model = graph_spec.name, model
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sequence[Any]:
+        if self._positional and not kwargs and len(args) == self._n:
+            return args
+        leaves, structure = flatten_sample(args, kwargs)
+        if structure != self._structure:
+            raise UnsupportedInputError(
+                f"The call does not match graph {self._graph!r} this {self._model} was built for (other arguments, or "
+                f"non-tensor values different from the recorded ones, which are constants of the {self._model})."
+            )
+        return leaves
 
 
 class FlatForward(nn.Module):

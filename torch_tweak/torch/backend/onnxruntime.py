@@ -23,10 +23,11 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import BuildError, CheckpointError, UnsupportedDeviceError, UnsupportedInputError
+from torch_tweak.torch.backend._export import CallLeaves
 from torch_tweak.torch.backend._onnx import export_onnx, quantize_int8_dynamic, require
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.module.spec import GraphSpec
-from torch_tweak.torch.module.tree import TENSOR, Sample, dtype_name, flatten_sample, unflatten
+from torch_tweak.torch.module.tree import TENSOR, Sample, dtype_name, unflatten
 from torch_tweak.utils.permissions import secure_mkdir
 from torch_tweak.utils.validate import check_choice, check_int
 
@@ -116,8 +117,8 @@ class _Session:
         self._feeds = [(name, index[name]) for name in names]  # an input the module ignores may have been dropped
         self._n = len(spec.inputs)
         self._dtypes = [s.torch_dtype for s in spec.inputs]
-        self._structure, self._out_structure = spec.input_structure, spec.output_structure
-        self._positional = flatten_sample((torch.empty(0),) * self._n, {})[1] == self._structure
+        self._out_structure = spec.output_structure
+        self._leaves = CallLeaves(spec, "ONNX model")
         self._single = self._out_structure == TENSOR
         produced = [_ONNX_TYPES.get(o.type.removeprefix("tensor(").removesuffix(")")) for o in outputs]
         self._casts = [(i, s.torch_dtype) for i, (d, s) in enumerate(zip(produced, spec.outputs)) if d != s.torch_dtype]
@@ -128,14 +129,7 @@ class _Session:
         self._run = binding.run if callable(getattr(binding, "run", None)) else self.session.run
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        leaves: Any = args
-        if not (self._positional and not kwargs and len(args) == self._n):
-            leaves, structure = flatten_sample(args, kwargs)
-            if structure != self._structure:
-                raise UnsupportedInputError(
-                    f"The call does not match graph {self._spec.name!r} this ONNX model was built for (other arguments, "
-                    "or non-tensor values different from the recorded ones, which are constants of the model)."
-                )
+        leaves = self._leaves(args, kwargs)
         try:
             feed = {name: leaves[i].numpy() for name, i in self._feeds}
         except (RuntimeError, TypeError, AttributeError):  # autograd, non-CPU, non-tensor leaves

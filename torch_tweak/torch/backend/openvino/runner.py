@@ -11,11 +11,12 @@ import torch
 from torch_tweak.errors import (
     UnsupportedInputError,
 )
+from torch_tweak.torch.backend._export import CallLeaves
 from torch_tweak.torch.backend.openvino.converter import (
     import_openvino,
 )
 from torch_tweak.torch.module.spec import GraphSpec
-from torch_tweak.torch.module.tree import TENSOR, dtype_name, flatten_sample, unflatten
+from torch_tweak.torch.module.tree import TENSOR, dtype_name, unflatten
 
 COPY_INPUT_MAX_BYTES = 128 * 1024
 
@@ -33,10 +34,10 @@ class Runner:
 
     def __init__(self, compiled: Any, graph_spec: GraphSpec, device: torch.device | None, hint: str) -> None:
         self._compiled, self._spec = compiled, graph_spec
-        self._structure, self._out_structure = graph_spec.input_structure, graph_spec.output_structure
+        self._out_structure = graph_spec.output_structure
         self._dtypes = tuple(s.torch_dtype for s in graph_spec.inputs)
         self._n = len(graph_spec.inputs)
-        self._positional = self._structure == flatten_sample((torch.empty(0),) * self._n, {})[1]
+        self._leaves = CallLeaves(graph_spec, "OpenVINO model")
         produced = [torch.from_numpy(np.empty(0, p.get_element_type().to_dtype())).dtype for p in compiled.outputs]
         self._casts = [(i, s.torch_dtype) for i, (d, s) in enumerate(zip(produced, graph_spec.outputs, strict=True))
                        if d != s.torch_dtype]
@@ -54,14 +55,7 @@ class Runner:
         self._min_chunk = max(1, (graph_spec.batch_range() or (1, 1))[0])
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        leaves: Any = args
-        if not (self._positional and not kwargs and len(args) == self._n):
-            leaves, structure = flatten_sample(args, kwargs)
-            if structure != self._structure:
-                raise UnsupportedInputError(
-                    f"The call does not match graph {self._spec.name!r} this OpenVINO model was built for (other "
-                    "arguments, or non-tensor values different from the recorded ones, which are constants of the IR)."
-                )
+        leaves = self._leaves(args, kwargs)
         try:
             arrays = [t.numpy() for t, dt in zip(leaves, self._dtypes, strict=False) if t.dtype is dt]
         except (RuntimeError, TypeError, AttributeError):  # autograd, non-CPU or non-tensor leaves
