@@ -115,7 +115,6 @@ class _Session:
                 f"{list(index)} and {len(spec.outputs)} outputs; the model was not exported for this graph."
             )
         self._feeds = [(name, index[name]) for name in names]  # an input the module ignores may have been dropped
-        self._n = len(spec.inputs)
         self._dtypes = [s.torch_dtype for s in spec.inputs]
         self._out_structure = spec.output_structure
         self._leaves = CallLeaves(spec, "ONNX model")
