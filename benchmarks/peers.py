@@ -1,16 +1,21 @@
 """torch_tweak against the tools users would pick instead, in one run on this machine, with the same inputs.
 
-    python benchmarks/peers.py --quick    # < 10 min: every system on the MLP; the CNN and the encoder at batch 1
+    python benchmarks/peers.py --quick    # ~15 min on a quiet machine: all systems on the MLP; CNNs, encoder at batch 1
     python benchmarks/peers.py --full     # every workload and batch size, fresh compiler caches, more repetitions
 
 Systems: eager PyTorch; ``torch.compile`` (Inductor); ``torch.compile(backend="openvino")``; OpenVINO set up by
-hand for throughput (THROUGHPUT hint, AsyncInferQueue) and for latency (LATENCY hint, one request); NVIDIA
-AITune 0.6 and Triton Model Navigator 0.14, each in its own virtual environment under
-``benchmarks/.peer_envs/`` (built on first use, reused afterwards); torch_tweak's ``tt.tune`` with
-``HighestThroughputStrategy`` over every available backend, and its checkpoint after ``tt.save`` ->
-``tt.load`` in a fresh process. Workloads: a ResNet-50-shaped CNN at 224x224, a BERT-base-shaped encoder
-at sequence 128 and a small MLP, random weights. Every measurement runs in its own process (see
-``benchmarks/peers/``); the tables go to ``benchmarks/results/peers_<mode>.{json,md}``.
+hand for throughput (THROUGHPUT hint, AsyncInferQueue) and for latency (LATENCY hint, one request), in its
+default precision and quantized to INT8 with NNCF on the tuning samples; ONNX Runtime set up by hand
+(``torch.onnx.export``, CPU provider); NVIDIA AITune 0.6 and Triton Model Navigator 0.14, each in its own
+virtual environment under ``benchmarks/.peer_envs/`` (built on first use, reused afterwards); torch_tweak's
+``tt.tune`` with ``HighestThroughputStrategy`` over every available backend, its checkpoint after
+``tt.save`` -> ``tt.load`` in a fresh process, and (``--tt-task-metric``) ``tt.tune`` with the workload's task
+bound as its fidelity check. Workloads: a ResNet-50-shaped CNN at 224x224 with batch-norm statistics
+calibrated on image-like inputs, the same CNN with random weights on noise (worst case for reduced
+precision), a BERT-base-shaped encoder at sequence 128 and a small MLP, all with random weights (see
+``peers/workloads.py``). Every system is judged by the element-wise error against eager and by a task
+metric on held-out inputs. Every measurement runs in its own process (see ``benchmarks/peers/``); the
+tables go to ``benchmarks/results/peers_<mode>.{json,md}``.
 """
 
 from __future__ import annotations
@@ -39,6 +44,28 @@ CACHE_DIR = HERE / ".peer_envs" / "cache"
 def log(message: str) -> None:
     """One progress line on stdout with the time and the machine's load."""
     print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:4.1f}] {message}", flush=True)
+
+
+def uptime(when: str, into: list[dict[str, str]]) -> None:
+    """Append the output of ``uptime`` (load averages over 1, 5 and 15 min) to ``into``."""
+    try:
+        text = subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        load = os.getloadavg()
+        text = f"load average: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}"
+    into.append({"when": when, "time": time.strftime("%H:%M:%S"), "uptime": text})
+
+
+def task_metric_supported() -> tuple[bool, str]:
+    """Whether the installed torch_tweak's ``FidelityConfig`` takes ``metric`` (checked in a subprocess)."""
+    code = ("import inspect, torch_tweak.torch as tt; s = inspect.signature(tt.FidelityConfig); "
+            "print('metric' in s.parameters); print(s)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"})
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode or not lines:
+        return False, f"import failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][:200]}"
+    return lines[0] == "True", f"FidelityConfig{lines[1] if len(lines) > 1 else ''}"
 
 
 class Driver:
@@ -132,7 +159,11 @@ def main() -> None:
     group.add_argument("--quick", action="store_const", const="quick", dest="mode", help="the default")
     group.add_argument("--full", action="store_const", const="full", dest="mode")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="subset, comma-separated")
-    parser.add_argument("--systems", default=",".join(s.key for s in SYSTEMS), help="subset, comma-separated")
+    parser.add_argument("--systems", default=",".join(s.key for s in SYSTEMS if s.default),
+                        help="subset, comma-separated (default: all but tt_task, which --tt-task-metric adds)")
+    parser.add_argument("--tt-task-metric", choices=("auto", "on", "off"), default="auto",
+                        help="add the row 'tt.tune with the task metric' (tt.FidelityConfig(metric=...)): auto = when "
+                             "the installed torch_tweak's FidelityConfig takes metric; on = always (fails without it)")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
     parser.add_argument("--from-json", type=Path, help="only rewrite the Markdown of an earlier run's JSON")
     parser.add_argument("--merge", action="store_true",
@@ -147,10 +178,23 @@ def main() -> None:
         return
     mode = MODES[args.mode or "quick"]
     start = time.perf_counter()
-    wanted = [BY_KEY[k] for k in args.systems.split(",")]
+    loads: list[dict[str, str]] = []
+    uptime("start", loads)
+    keys = args.systems.split(",")
+    supported, signature = task_metric_supported()
+    task_row = {"flag": args.tt_task_metric, "supported": supported, "signature": signature}
+    if "tt" in keys and "tt_task" not in keys and (args.tt_task_metric == "on" or (args.tt_task_metric == "auto"
+                                                                                    and supported)):
+        keys.insert(keys.index("tt") + 1, "tt_task")
+    if args.tt_task_metric == "off":
+        keys = [k for k in keys if k != "tt_task"]
+    task_row["included"] = "tt_task" in keys
+    wanted = sorted((BY_KEY[k] for k in keys), key=SYSTEMS.index)
     if "eager" not in [s.key for s in wanted]:
         wanted.insert(0, BY_KEY["eager"])
-    log(f"mode {mode.name}; workloads {args.workloads}; {os.cpu_count()} CPUs")
+    log(f"mode {mode.name}; workloads {args.workloads}; {os.cpu_count()} CPUs; {loads[0]['uptime']}")
+    log(f"row 'tt.tune with the task metric': {'included' if task_row['included'] else 'left out'} "
+        f"(--tt-task-metric {args.tt_task_metric}; {signature})")
     shutil.rmtree(RUN_DIR, ignore_errors=True)
     RUN_DIR.mkdir(parents=True)
     python: dict[str, Path | None] = {}
@@ -169,7 +213,8 @@ def main() -> None:
     dispatch = {s.key: driver.run(s, "tiny", "dispatch", []) for s in wanted if s.dispatch}
     results = {}
     for workload in args.workloads.split(","):
-        log(f"workload {workload}: preparing weights and inputs")
+        uptime(f"before {workload}", loads)
+        log(f"workload {workload}: preparing weights and inputs ({loads[-1]['uptime']})")
         subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(HERE)!r}); from pathlib import "
                         f"Path; from peers import workloads; workloads.prepare(Path({str(RUN_DIR)!r}), {workload!r})"],
                        check=True, env={**os.environ, "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"},
@@ -177,7 +222,8 @@ def main() -> None:
         results[workload] = run_workload(driver, workload, wanted)
     meta = report.environment(mode, time.perf_counter() - start, " ".join(["python", "benchmarks/peers.py",
                                                                           *sys.argv[1:]]))
-    meta.update({"peer_envs": env_info, "processes": driver.processes})
+    uptime("end", loads)
+    meta.update({"peer_envs": env_info, "processes": driver.processes, "uptime": loads, "tt_task_metric": task_row})
     previous = args.out_dir / f"peers_{mode.name}.json"
     origin = {"command": meta["command"], "date": meta["date"], "wall_s": meta["wall_s"]}
     meta["origins"] = dict.fromkeys(results, origin)

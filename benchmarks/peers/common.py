@@ -1,4 +1,4 @@
-"""Shared by every runner script: arguments, timing with repetitions, fidelity error, the JSON record.
+"""Shared by every runner script: arguments, timing with repetitions, fidelity (element-wise and task metric), the JSON record.
 
 Imports only the standard library at module level (runners decide when torch or OpenVINO is imported,
 so import times can be measured).
@@ -106,6 +106,97 @@ def fidelity(output: Any, reference: Any) -> dict[str, float]:
         raise ValueError(f"output shape {tuple(out.shape)} differs from eager's {tuple(ref.shape)}")
     err = (out - ref).abs().max().item()
     return {"max_abs": err, "rel": err / max(ref.abs().max().item(), 1e-12)}
+
+
+def task_metrics(kind: str, output: Any, reference: Any) -> dict[str, Any]:
+    """The task metrics of ``output`` against eager's ``reference`` (all held-out samples, concatenated).
+
+    ``classifier`` (logits, N x classes): ``top1``, the share of rows whose arg-max equals eager's, and
+    ``cosine``, the smallest cosine similarity of a row's logits with eager's. ``encoder`` (hidden states,
+    N x tokens x width): ``cosine_cls``, the smallest cosine of the CLS (first-token) vectors, and
+    ``cosine_tokens``, the smallest over every token vector; ``cosine`` is the smaller of the two.
+    ``regression``: ``rel_l2``, ``||output - eager|| / ||eager||`` over all outputs. Computed in float64;
+    a non-finite output gives NaN, which no bound accepts.
+    """
+    import torch
+
+    out = torch.as_tensor(output).detach().double()
+    ref = torch.as_tensor(reference).detach().double()
+    if out.shape != ref.shape:
+        raise ValueError(f"held-out output shape {tuple(out.shape)} differs from eager's {tuple(ref.shape)}")
+
+    def min_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+        a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+        return float(torch.nn.functional.cosine_similarity(a, b, dim=-1, eps=1e-30).min())
+
+    finite = bool(torch.isfinite(out).all())
+    result: dict[str, Any] = {"kind": kind, "n": int(out.shape[0]), "finite": finite}
+    if kind == "classifier":
+        result["top1"] = float((out.argmax(-1) == ref.argmax(-1)).double().mean()) if finite else float("nan")
+        result["cosine"] = min_cosine(out, ref)
+    elif kind == "encoder":
+        result["cosine_cls"] = min_cosine(out[:, 0], ref[:, 0])
+        result["cosine_tokens"] = min_cosine(out, ref)
+        result["cosine"] = min(result["cosine_cls"], result["cosine_tokens"])
+    elif kind == "regression":
+        result["rel_l2"] = float((out - ref).norm() / ref.norm().clamp_min(1e-300))
+    else:
+        raise ValueError(f"unknown task kind {kind!r}")
+    return {key: (float("nan") if isinstance(v, float) and not finite else v) for key, v in result.items()}
+
+
+def held_out(run_dir: Path, workload: str, call: Callable[[Any], Any], numpy_io: bool = False) -> Any:
+    """Run the workload's held-out samples through ``call`` in chunks of its eval batch size; the outputs
+    concatenated as one float32 torch tensor. ``numpy_io``: ``call`` takes and returns numpy arrays."""
+    import numpy as np
+    import torch
+
+    from peers import workloads
+
+    spec = workloads.WORKLOADS[workload]
+    samples = workloads.load_inputs(run_dir, workload)["eval"]
+    outputs = []
+    with torch.no_grad():
+        for chunk in samples.split(spec.eval_batch):
+            if numpy_io:
+                outputs.append(torch.from_numpy(np.array(call(np.ascontiguousarray(chunk.numpy())), dtype=np.float32)))
+            else:
+                outputs.append(torch.as_tensor(call(chunk)).detach().float().clone())
+    return torch.cat(outputs)
+
+
+def task_check(run_dir: Path, workload: str, call: Callable[[Any], Any] | None, numpy_io: bool = False,
+               outputs: Any = None) -> dict[str, Any]:
+    """:func:`task_metrics` of ``call`` on the held-out samples (or of ready ``outputs``) against eager's
+    outputs (``<workload>.ref.pt``), with the bound's value (``value``), whether it holds (``within``) and
+    the seconds it took."""
+    import torch
+
+    from peers import workloads
+
+    start = time.perf_counter()
+    task = workloads.TASKS[workloads.WORKLOADS[workload].task]
+    reference = torch.load(run_dir / f"{workload}.ref.pt", weights_only=True)["eval"]
+    if outputs is None:
+        outputs = held_out(run_dir, workload, call, numpy_io)
+    result = task_metrics(task.kind, outputs, reference)
+    result.update(value=result[task.metric], within=task.within(result[task.metric]), bound=task.describe(),
+                  seconds=time.perf_counter() - start)
+    return result
+
+
+def reference_stats(kind: str, reference: Any) -> dict[str, Any]:
+    """How decisive eager's own held-out outputs are (classifier: distinct arg-max classes, and the top-1 minus
+    top-2 logit margin relative to the spread of a row's logits, median and smallest)."""
+    import torch
+
+    ref = torch.as_tensor(reference).detach().double()
+    if kind != "classifier":
+        return {}
+    top2 = ref.topk(2, dim=-1).values
+    margin = (top2[:, 0] - top2[:, 1]) / ref.std(dim=-1)
+    return {"distinct_top1": int(ref.argmax(-1).unique().numel()), "rows": int(ref.shape[0]),
+            "margin_median": float(margin.median()), "margin_min": float(margin.min())}
 
 
 def peak_rss_mb() -> float:

@@ -113,6 +113,7 @@ def _measure(torch, model, inputs: dict) -> None:
     with torch.no_grad():
         for b in batches:
             record["batches"].setdefault(str(b), {})["fidelity"] = common.fidelity(model(inputs[str(b)]), refs[str(b)])
+        record["task"] = common.task_check(args.run_dir, args.workload, model)
         time.sleep(1.0)
         for b in batches:
             x = inputs[str(b)]

@@ -79,6 +79,8 @@ def tune() -> None:
     for b in batches:
         out = runner.infer(feeds[b])[out_name]
         record["batches"][str(b)] = {"fidelity": common.fidelity(torch.from_numpy(out), refs[str(b)])}
+    record["task"] = common.task_check(args.run_dir, args.workload, lambda x: runner.infer({name: x})[out_name],
+                                       numpy_io=True)
     time.sleep(1.0)
     for b in batches:
         feed = feeds[b]

@@ -1,6 +1,6 @@
 """Runner: OpenVINO configured by hand as its documentation recommends (no torch_tweak involved).
 
-    python run_openvino.py --system {ov_throughput,ov_latency} --workload W --phase {tune,load} ...
+    python run_openvino.py --system {ov_throughput,ov_latency,ov_int8_throughput,ov_int8_latency} --workload W ...
 
 ``tune``: ``ov.convert_model`` (example input, dynamic shapes), ``ov.save_model`` (fp32 weights), then
 ``core.compile_model`` with ``PERFORMANCE_HINT`` THROUGHPUT or LATENCY and the model cache (``CACHE_DIR``)
@@ -11,10 +11,17 @@ CPU is kept (bf16 where the CPU has it), so the fidelity column shows what that 
 numpy inputs after a pause, with no torch call in between (torch and OpenVINO thread pools interfere).
 ``load``: a fresh process that never imports torch compiles the saved IR (from the model cache) and
 runs one inference.
+
+The ``ov_int8_*`` systems quantize the converted model with NNCF post-training quantization
+(``nncf.quantize`` with its defaults, ``model_type=TRANSFORMER`` for the encoder as NNCF's documentation
+asks for transformers) on the same calibration data torch_tweak tunes with: the 8 tuning samples, one
+at a time. The quantized IR is the same for both hints, so the second system of a run reuses the IR the
+first one quantized (its tune time includes the first one's convert and quantize time).
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 START = time.perf_counter()
@@ -74,13 +81,26 @@ def tune() -> None:
     inputs = workloads.load_inputs(args.run_dir, args.workload)
     refs = torch.load(args.run_dir / f"{args.workload}.ref.pt", weights_only=True)
     t0 = time.perf_counter()
-    with torch.no_grad():
-        ov_model = ov.convert_model(model, example_input=inputs["2"] if "2" in inputs else inputs["tune"][:2])
+    earlier_s = 0.0  # convert + quantize time of the run whose INT8 IR this one reuses
+    shared = args.run_dir / "ov_int8" / args.workload
+    if INT8 and (shared / "quantize.json").is_file():
+        info = json.loads((shared / "quantize.json").read_text())
+        ov_model = ov.Core().read_model(shared / "model.xml")
+        earlier_s = info["convert_s"] + info["quantize_s"]
+        record["int8"] = {**info, "reused": True}
+        record["notes"].append(f"reuses the INT8 IR the {info['by']} run quantized (same model, calibration and "
+                               f"settings); tune s includes its convert + quantize time ({earlier_s:.1f} s)")
+    else:
+        with torch.no_grad():
+            ov_model = ov.convert_model(model, example_input=inputs["2"] if "2" in inputs else inputs["tune"][:2])
+        if INT8:
+            ov_model = _quantize(ov, ov_model, inputs, time.perf_counter() - t0, shared)
     xml = args.artifact / "model.xml"
     ov.save_model(ov_model, xml, compress_to_fp16=False)
     compiled = _compile(ov, ov_model)
-    record["tune_s"] = time.perf_counter() - t0
-    record["selected"] = f"OpenVINO {HINT} ({record['ov_config']['INFERENCE_PRECISION_HINT']})"
+    record["tune_s"] = time.perf_counter() - t0 + earlier_s
+    precision = record["ov_config"]["INFERENCE_PRECISION_HINT"]
+    record["selected"] = f"OpenVINO INT8 (NNCF) {HINT}, rest {precision}" if INT8 else f"OpenVINO {HINT} ({precision})"
     del model
     batches = [int(b) for b in args.batches.split(",")]
     feeds = {b: {0: np.ascontiguousarray(inputs[str(b)].numpy())} for b in batches}
@@ -88,6 +108,7 @@ def tune() -> None:
     for b in batches:
         out = request.infer(feeds[b])[0].copy()
         record["batches"][str(b)] = {"fidelity": common.fidelity(torch.from_numpy(out), refs[str(b)])}
+    record["task"] = common.task_check(args.run_dir, args.workload, lambda x: request.infer({0: x})[0], numpy_io=True)
     time.sleep(1.0)
     for b in batches:
         if HINT == "THROUGHPUT":
@@ -96,6 +117,32 @@ def tune() -> None:
             feed = feeds[b]
             record["batches"][str(b)].update(common.time_calls(lambda feed=feed: request.infer(feed, share_inputs=True),
                                                                b, args.reps, args.rep_time))
+
+
+def _quantize(ov, ov_model, inputs: dict, convert_s: float, shared):
+    """NNCF post-training quantization on the tuning samples; the IR and its settings go to ``shared``."""
+    import numpy as np
+
+    try:
+        import nncf
+    except ImportError as exc:
+        raise RuntimeError("nncf is not installed in this environment (pip install nncf 'torch==2.13.0')") from exc
+    from peers import workloads
+
+    calibration = [np.ascontiguousarray(sample.unsqueeze(0).numpy()) for sample in inputs["tune"]]
+    options = {}
+    if workloads.WORKLOADS[args.workload].task == "encoder":
+        options["model_type"] = nncf.ModelType.TRANSFORMER
+    t0 = time.perf_counter()
+    quantized = nncf.quantize(ov_model, nncf.Dataset(calibration), subset_size=len(calibration), **options)
+    info = {"by": args.system, "nncf": nncf.__version__, "convert_s": convert_s, "quantize_s": time.perf_counter() - t0,
+            "calibration": f"{len(calibration)} tuning samples at batch 1", "subset_size": len(calibration),
+            "options": {key: str(value) for key, value in options.items()}}
+    shared.mkdir(parents=True, exist_ok=True)
+    ov.save_model(quantized, shared / "model.xml", compress_to_fp16=False)
+    (shared / "quantize.json").write_text(json.dumps(info, indent=1))
+    record["int8"] = {**info, "reused": False}
+    return quantized
 
 
 def load() -> None:
@@ -110,12 +157,14 @@ def load() -> None:
     compiled.create_infer_request().infer({0: x})
     record["load_s"] = time.perf_counter() - t0
     record["first_output_s"] = time.perf_counter() - START
-    record["selected"] = f"OpenVINO {HINT}"
+    record["selected"] = f"OpenVINO INT8 (NNCF) {HINT}" if INT8 else f"OpenVINO {HINT}"
 
 
 
 if __name__ == "__main__":  # guard: some peers start worker processes that re-import __main__
     args = common.parse_args(__doc__.splitlines()[0])
     record = common.new_record(args)
-    HINT = {"ov_throughput": "THROUGHPUT", "ov_latency": "LATENCY"}[args.system]
+    HINT = {"ov_throughput": "THROUGHPUT", "ov_latency": "LATENCY", "ov_int8_throughput": "THROUGHPUT",
+            "ov_int8_latency": "LATENCY"}[args.system]
+    INT8 = args.system.startswith("ov_int8")
     common.run_guarded(record, args.out, tune if args.phase == "tune" else load)

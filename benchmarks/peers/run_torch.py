@@ -3,8 +3,9 @@
     python run_torch.py --system {eager,inductor,ov_compile} --workload W --phase {tune,load} ...
 
 ``tune``: build the model, compile it (the compile and the first call at every measured batch size are
-the "tuning" time), check each output against eager, then time every batch size. The eager system also
-writes the reference outputs every other system is compared with. ``load``: a fresh process that imports,
+the "tuning" time), check each output against eager and the task metric on the held-out samples, then
+time every batch size. The eager system also writes the reference outputs (measured batches and
+held-out samples) every other system is compared with. ``load``: a fresh process that imports,
 builds the model, loads the run's weights, compiles (with the compiler cache the tune phase filled, like
 a restart on the same machine; ``torch.compile`` keeps no other artifact) and runs one inference.
 """
@@ -46,6 +47,8 @@ def _compile(torch, model):
 def tune() -> None:
     """Compile, check against eager, measure."""
     torch, model, inputs = _prepare()
+    from peers import workloads
+
     batches = [int(b) for b in args.batches.split(",")]
     ref_path = args.run_dir / f"{args.workload}.ref.pt"
     with torch.no_grad():
@@ -56,15 +59,20 @@ def tune() -> None:
             record["tune_s"] = time.perf_counter() - t0
         else:
             refs = {str(b): out for b, out in outputs.items()}
+            refs["eval"] = common.held_out(args.run_dir, args.workload, runner)
             if ref_path.exists():
                 refs = {**torch.load(ref_path, weights_only=True), **refs}
             torch.save(refs, ref_path)
+            record["eval_stats"] = common.reference_stats(workloads.TASKS[workloads.WORKLOADS[args.workload].task].kind,
+                                                          refs["eval"])
         refs = torch.load(ref_path, weights_only=True)
         record["selected"] = {"eager": "eager", "inductor": "Inductor (default mode)",
                               "ov_compile": "OpenVINO torch.compile backend"}[args.system]
         for b in batches:
             entry = record["batches"].setdefault(str(b), {})
             entry["fidelity"] = common.fidelity(outputs[b], refs[str(b)])
+        record["task"] = common.task_check(args.run_dir, args.workload, runner,
+                                           outputs=refs["eval"] if args.system == "eager" else None)
         time.sleep(1.0)
         for b in batches:
             x = inputs[str(b)]

@@ -1,9 +1,13 @@
 """Runner: torch_tweak ``tt.tune`` with ``HighestThroughputStrategy`` over every available backend.
 
-    python run_tt.py --system {tt,tt_loaded} --workload W --phase {tune,load,dispatch} ...
+    python run_tt.py --system {tt,tt_task,tt_loaded} --workload W --phase {tune,load,dispatch} ...
 
-``tune`` (system ``tt``): wrap the model, ``tt.tune`` it over the 8 tuning samples at the tuning batch
-sizes (timed), ``tt.save`` the result, check each output against eager and time every batch size.
+``tune`` (systems ``tt`` and ``tt_task``): wrap the model, ``tt.tune`` it over the 8 tuning samples at the
+tuning batch sizes (timed), ``tt.save`` the result, check each output against eager (element-wise on
+the measured batches, task metric on the held-out samples) and time every batch size. ``tt`` uses the
+strategy's default fidelity check; ``tt_task`` passes the workload's task bound as
+``FidelityConfig(metric=..., threshold=..., k=...)`` (needs a torch_tweak whose ``FidelityConfig``
+takes ``metric``; otherwise the row fails with that reason).
 ``load`` (system ``tt_loaded``): a fresh process builds the model with random weights, ``tt.load``s the
 checkpoint, runs one inference (timed from process start), then checks and times like ``tune``.
 ``dispatch``: the per-call cost of the ``tt.Module`` wrapper (eager backend) over calling the module.
@@ -41,12 +45,29 @@ def _candidates() -> list:
     return templates
 
 
+def _strategy(tt):
+    """``HighestThroughputStrategy`` over the candidates; for ``tt_task`` with the workload's task bound."""
+    if args.system != "tt_task":
+        return tt.HighestThroughputStrategy(_candidates())
+    import inspect
+
+    from peers import workloads
+
+    signature = inspect.signature(tt.FidelityConfig)
+    if "metric" not in signature.parameters:
+        raise RuntimeError(f"this torch_tweak's FidelityConfig takes no task metric yet (signature {signature})")
+    settings = workloads.TASKS[workloads.WORKLOADS[args.workload].task].tt_fidelity
+    record["fidelity_config"] = dict(settings)
+    return tt.HighestThroughputStrategy(_candidates(), fidelity=tt.FidelityConfig(**settings))
+
+
 def _measure(torch, model, inputs: dict) -> None:
     refs = torch.load(args.run_dir / f"{args.workload}.ref.pt", weights_only=True)
     batches = [int(b) for b in args.batches.split(",")]
     with torch.no_grad():
         for b in batches:
             record["batches"].setdefault(str(b), {})["fidelity"] = common.fidelity(model(inputs[str(b)]), refs[str(b)])
+        record["task"] = common.task_check(args.run_dir, args.workload, model)
         time.sleep(1.0)  # let the thread pools of the runtimes used so far go idle
         for b in batches:
             x = inputs[str(b)]
@@ -78,7 +99,7 @@ def tune() -> None:
     inputs = workloads.load_inputs(args.run_dir, args.workload)
     dataset = list(inputs["tune"].unbind(0))
     t0 = time.perf_counter()
-    wrapped = tt.Module(model, name=args.workload, strategy=tt.HighestThroughputStrategy(_candidates()))
+    wrapped = tt.Module(model, name=args.workload, strategy=_strategy(tt))
     report = tt.tune(wrapped, dataset, batch_sizes=[int(b) for b in args.tune_batches.split(",")])
     record["tune_s"] = time.perf_counter() - t0
     _describe(report)

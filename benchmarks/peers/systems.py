@@ -12,25 +12,37 @@ class System:
     key: str
     title: str
     runner: str
+    short: str  # for the summary table
     env: str | None = None  # None: the project's environment; else a peer environment (peers.envs)
     load: bool = True  # has a fresh-process load phase
     dispatch: bool = False  # has a wrapper-overhead measurement
     peer: bool = True  # counts as a peer for the "x best peer" ratio
+    default: bool = True  # runs unless left out (False: only when asked for, see peers.py --tt-task-metric)
 
 
 SYSTEMS: list[System] = [
-    System("eager", "eager PyTorch", "run_torch.py", peer=False),
-    System("inductor", "torch.compile (Inductor, default mode)", "run_torch.py"),
-    System("ov_compile", 'torch.compile(backend="openvino")', "run_torch.py"),
-    System("ov_throughput", "OpenVINO by hand: THROUGHPUT hint, AsyncInferQueue", "run_openvino.py"),
-    System("ov_latency", "OpenVINO by hand: LATENCY hint, 1 request", "run_openvino.py"),
-    System("aitune", "NVIDIA AITune 0.6 (MaxThroughputStrategy, CPU backends)", "run_aitune.py", env="aitune",
-           dispatch=True),
+    System("eager", "eager PyTorch", "run_torch.py", "eager", peer=False),
+    System("inductor", "torch.compile (Inductor, default mode)", "run_torch.py", "torch.compile"),
+    System("ov_compile", 'torch.compile(backend="openvino")', "run_torch.py", "torch.compile(openvino)"),
+    System("ov_throughput", "OpenVINO by hand: THROUGHPUT hint, AsyncInferQueue", "run_openvino.py",
+           "OpenVINO THROUGHPUT"),
+    System("ov_latency", "OpenVINO by hand: LATENCY hint, 1 request", "run_openvino.py", "OpenVINO LATENCY"),
+    System("ov_int8_throughput", "OpenVINO INT8 by hand: nncf.quantize on the tuning samples, THROUGHPUT hint, "
+           "AsyncInferQueue", "run_openvino.py", "OpenVINO INT8 THROUGHPUT"),
+    System("ov_int8_latency", "OpenVINO INT8 by hand: nncf.quantize on the tuning samples, LATENCY hint, 1 request",
+           "run_openvino.py", "OpenVINO INT8 LATENCY"),
+    System("onnxruntime", "ONNX Runtime by hand: torch.onnx.export, CPU provider, default optimizations",
+           "run_onnxruntime.py", "ONNX Runtime"),
+    System("aitune", "NVIDIA AITune 0.6 (MaxThroughputStrategy, CPU backends)", "run_aitune.py", "AITune",
+           env="aitune", dispatch=True),
     System("navigator", "Triton Model Navigator 0.14 (optimize, MaxThroughput runner)", "run_navigator.py",
-           env="navigator", dispatch=True),
-    System("tt", "torch_tweak tt.tune (HighestThroughputStrategy, all backends)", "run_tt.py", dispatch=True,
-           peer=False),
-    System("tt_loaded", "torch_tweak after tt.save -> tt.load (fresh process)", "run_tt.py", load=False, peer=False),
+           "Navigator", env="navigator", dispatch=True),
+    System("tt", "torch_tweak tt.tune (HighestThroughputStrategy, all backends)", "run_tt.py", "torch_tweak",
+           dispatch=True, peer=False),
+    System("tt_task", "torch_tweak tt.tune with the task metric (FidelityConfig(metric=...), same bound)",
+           "run_tt.py", "torch_tweak (task metric)", load=False, peer=False, default=False),
+    System("tt_loaded", "torch_tweak after tt.save -> tt.load (fresh process)", "run_tt.py",
+           "torch_tweak after load", load=False, peer=False),
 ]
 BY_KEY = {s.key: s for s in SYSTEMS}
 
@@ -54,12 +66,16 @@ class Mode:
 
 QUICK = Mode(
     "quick",
-    batches={"mlp": [1, 32], "resnet50": [1], "bert": [1]},
-    tune_batches={"mlp": [1, 2, 8, 32], "resnet50": [1, 2], "bert": [1, 2]},
-    reps=3, rep_time=0.3, load_reps=1, timeout_s=420, dispatch_reps=3,
-    skip={"resnet50": ("aitune", "navigator"), "bert": ("aitune", "navigator")},
+    batches={"mlp": [1, 32], "resnet50": [1], "resnet50_random": [1], "bert": [1]},
+    tune_batches={"mlp": [1, 2, 8, 32], "resnet50": [1, 2], "resnet50_random": [1, 2], "bert": [1, 2]},
+    reps=3, rep_time=0.3, load_reps=1, timeout_s=1800, dispatch_reps=3,
+    skip={"resnet50": ("aitune", "navigator"), "bert": ("aitune", "navigator"),
+          "resnet50_random": ("inductor", "ov_compile", "ov_throughput", "ov_int8_throughput", "aitune", "navigator",
+                              "tt_loaded")},
     skipped=["AITune and Model Navigator run on the MLP only (on the CNN and the encoder each takes 2-4 minutes "
              "to tune on 2 cores; --full runs them everywhere)",
+             "the worst-case CNN (random weights, noise inputs) runs only eager, OpenVINO LATENCY (default and "
+             "INT8), ONNX Runtime and tt.tune (its point is the error of reduced precision; --full runs everything)",
              "ResNet-50 at batch 32 and the encoder at batch 8 are not measured",
              "the CNN and the encoder are tuned at batch sizes 1 and 2 only (full: up to 32 and 8)",
              "one fresh-process load per system (full: 3)",
@@ -69,8 +85,9 @@ QUICK = Mode(
 )
 FULL = Mode(
     "full",
-    batches={"mlp": [1, 32], "resnet50": [1, 32], "bert": [1, 8]},
-    tune_batches={"mlp": [1, 2, 8, 32], "resnet50": [1, 2, 8, 32], "bert": [1, 2, 8]},
+    batches={"mlp": [1, 32], "resnet50": [1, 32], "resnet50_random": [1, 32], "bert": [1, 8]},
+    tune_batches={"mlp": [1, 2, 8, 32], "resnet50": [1, 2, 8, 32], "resnet50_random": [1, 2, 8, 32],
+                  "bert": [1, 2, 8]},
     reps=3, rep_time=1.0, load_reps=3, timeout_s=1500,
 )
 MODES = {"quick": QUICK, "full": FULL}

@@ -1,0 +1,100 @@
+"""Runner: ONNX Runtime set up by hand, as a user's few-line script would (no torch_tweak involved).
+
+    python run_onnxruntime.py --system onnxruntime --workload W --phase {tune,load} ...
+
+``tune``: ``torch.onnx.export`` with torch's default exporter and dynamic batch (and, for the encoder,
+sequence) axes, then an ``onnxruntime.InferenceSession`` with the CPU execution provider, the default
+graph optimizations (``ORT_ENABLE_ALL``) and ``intra_op_num_threads`` set to the number of cores; every
+call is ``session.run`` on numpy inputs, one after another. The "tuning" time is export plus session
+creation. ``load``: a fresh process that never imports torch creates the session from the saved
+``.onnx`` file and runs one inference.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+START = time.perf_counter()
+
+import common  # noqa: E402  (path set-up first, then the timed imports)
+
+
+def _session(ort, path):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    record["ort_config"] = {"providers": session.get_providers(), "intra_op_num_threads": options.intra_op_num_threads,
+                            "graph_optimization_level": str(options.graph_optimization_level)}
+    return session
+
+
+def _import_ort():
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise RuntimeError("onnxruntime is not installed in this environment "
+                           "(pip install onnxruntime onnx onnxscript 'torch==2.13.0')") from exc
+    return ort
+
+
+def tune() -> None:
+    """Export, create the session, check against eager, measure."""
+    import warnings
+
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(2)
+    ort = _import_ort()
+    from peers import workloads
+
+    model = workloads.build(args.workload, args.run_dir / f"{args.workload}.weights.pt")
+    inputs = workloads.load_inputs(args.run_dir, args.workload)
+    refs = torch.load(args.run_dir / f"{args.workload}.ref.pt", weights_only=True)
+    axes = {0: "batch", 1: "sequence"} if workloads.WORKLOADS[args.workload].inputs == "tokens" else {0: "batch"}
+    path = args.artifact / "model.onnx"
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        torch.onnx.export(model, (inputs["2"] if "2" in inputs else inputs["tune"][:2],), str(path),
+                          input_names=["input"], output_names=["output"], dynamic_axes={"input": axes})
+    record["export_s"] = time.perf_counter() - t0
+    record["export_warnings"] = sorted({str(w.message).splitlines()[0][:160] for w in caught})[:5]
+    session = _session(ort, path)
+    record["tune_s"] = time.perf_counter() - t0
+    record["selected"] = "ONNX Runtime CPU (" + ", ".join(f"{i.name} {i.shape}" for i in session.get_inputs()) + ")"
+    del model
+    batches = [int(b) for b in args.batches.split(",")]
+    feeds = {b: {"input": np.ascontiguousarray(inputs[str(b)].numpy())} for b in batches}
+    for b in batches:
+        out = session.run(None, feeds[b])[0]
+        record["batches"][str(b)] = {"fidelity": common.fidelity(torch.from_numpy(out), refs[str(b)])}
+    record["task"] = common.task_check(args.run_dir, args.workload, lambda x: session.run(None, {"input": x})[0],
+                                       numpy_io=True)
+    time.sleep(1.0)
+    for b in batches:
+        feed = feeds[b]
+        record["batches"][str(b)].update(common.time_calls(lambda feed=feed: session.run(None, feed), b, args.reps,
+                                                           args.rep_time))
+
+
+def load() -> None:
+    """Fresh process without torch: create the session from the saved file and run one inference."""
+    import numpy as np
+
+    ort = _import_ort()
+    record["import_s"] = time.perf_counter() - START
+    x = np.load(args.run_dir / f"{args.workload}.inputs.npz")["b1"]
+    t0 = time.perf_counter()
+    session = _session(ort, args.artifact / "model.onnx")
+    session.run(None, {"input": x})
+    record["load_s"] = time.perf_counter() - t0
+    record["first_output_s"] = time.perf_counter() - START
+    record["selected"] = "ONNX Runtime CPU"
+
+
+if __name__ == "__main__":  # guard: some peers start worker processes that re-import __main__
+    args = common.parse_args(__doc__.splitlines()[0])
+    record = common.new_record(args)
+    common.run_guarded(record, args.out, tune if args.phase == "tune" else load)
