@@ -20,7 +20,7 @@ import torch
 
 import torch_tweak.torch as tt
 from torch_tweak.errors import UnsupportedInputError
-from torch_tweak.torch.module import tree
+from torch_tweak.torch.module import classes, tree
 from torch_tweak.torch.module.tree import flatten, resolve_type, unflatten
 from torch_tweak.torch.module.tree_json import spec_from_json, spec_to_json
 
@@ -129,7 +129,7 @@ class FakeTuple(tuple):
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
     CALLS.clear()
-    monkeypatch.setattr(tree, "_USER_TYPES", dict(tree._USER_TYPES))
+    monkeypatch.setattr(classes, "_USER_TYPES", dict(classes._USER_TYPES))
 
 
 def json_round_trip(value: Any) -> tuple[Any, Any]:

@@ -133,13 +133,9 @@ def llm_phase(kwargs: dict[str, Any]) -> str | None:
 
 
 def graph_key(args: tuple[Any, ...], kwargs: dict[str, Any], strict: bool, phases: bool) -> tuple[Any, ...]:
-    """The graph a call belongs to: its :func:`signature`, plus the LLM phase when ``phases`` is on."""
-    key = signature(args, kwargs, strict)
-    if phases and kwargs and any(name in kwargs for name in _PHASE_KWARGS):
-        phase = llm_phase(kwargs)
-        if phase is not None:
-            return key + (("phase", phase),)
-    return key
+    """The graph a call belongs to: its :func:`signature` (dispatch key), with the LLM phase when ``phases`` is on."""
+    phase = llm_phase(kwargs) if phases and kwargs and any(name in kwargs for name in _PHASE_KWARGS) else None
+    return signature(args, kwargs, strict, phase)
 
 
 class Recorder:

@@ -22,10 +22,10 @@ from torch_tweak.errors import ConfigError, UnsupportedInputError
 from torch_tweak.torch.module.tree import (
     Sample,
     Spec,
+    dispatch_key,
     dtype_from_name,
     dtype_name,
     flatten_sample,
-    structure_signature,
     unflatten,
     unflatten_sample,
 )
@@ -183,9 +183,8 @@ class GraphSpec:
     phase: str | None = None
 
     def key(self) -> tuple[Any, ...]:
-        """The dispatch key of calls that belong to this graph (see ``recording.graph_key``)."""
-        key = structure_signature(self.input_structure, [t.rank for t in self.inputs], self.strict)
-        return key + (("phase", self.phase),) if self.phase is not None else key
+        """The dispatch key of calls that belong to this graph (the same :func:`dispatch_key` as ``graph_key``)."""
+        return dispatch_key(self.input_structure, [t.rank for t in self.inputs], self.strict, self.phase)
 
     def has_batch_axis(self) -> bool:
         """True if every input tensor has a batch axis (so the graph can be run at other batch sizes)."""
