@@ -11,11 +11,14 @@ from toy_models import Pair
 from torch_tweak.errors import ConfigError
 from torch_tweak.torch.fidelity import (
     PROBE_FAILED,
+    PROBE_GUARDED,
+    PROBE_PASSED,
     PROBE_SKIPPED,
     FidelityConfig,
     NonFiniteProbe,
     Tolerance,
     check_fidelity,
+    guarded_probes,
 )
 
 
@@ -102,6 +105,10 @@ def test_non_finite_probe_config_is_validated():
             FidelityConfig(check_non_finite=bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="dict of Tolerance"):
         FidelityConfig([Tolerance(atol=0.1, rtol=0.0)])  # type: ignore[arg-type]
+    assert FidelityConfig().non_finite == "guard" and FidelityConfig(non_finite="reject").non_finite == "reject"
+    for bad in ("Guard", "", None, True):
+        with pytest.raises(ConfigError, match="FidelityConfig.non_finite must be one of 'guard', 'reject'"):
+            FidelityConfig(non_finite=bad)  # type: ignore[arg-type]
 
 
 def test_failed_probe_fails_the_result_and_lands_in_its_dict():
@@ -111,9 +118,27 @@ def test_failed_probe_fails_the_result_and_lands_in_its_dict():
                        NonFiniteProbe("inf", PROBE_FAILED, "with +inf in row 1 of args[0] (axis 0), ...", "outputs", 3)])
     assert not result.passed and result.failed_probe().value == "inf"
     assert result.message.startswith("the candidate does not propagate +inf like eager: with +inf in row 1")
-    assert "check_non_finite=False" in result.message
+    assert "check_non_finite=False" in result.message and "FidelityConfig(non_finite='guard')" in result.message
     as_dict = json.loads(json.dumps(result.to_dict()))
     assert as_dict["non_finite"][1] == {"value": "inf", "status": "failed", "output": "outputs", "mismatched": 3,
                                         "message": "with +inf in row 1 of args[0] (axis 0), ..."}
     merged = check_fidelity(torch.ones(2), torch.ones(2), "bf16").merge(result)
     assert not merged.passed and len(merged.non_finite) == 2
+
+
+def test_guarded_probes_keep_the_candidates_failure_and_say_what_the_guard_did():
+    bare = [NonFiniteProbe("nan", PROBE_FAILED, "with NaN in row 1, 4 elements differ", "outputs", 4),
+            NonFiniteProbe("inf", PROBE_PASSED, "+inf in row 1: same NaN/inf positions as eager")]
+    through = [NonFiniteProbe("nan", PROBE_PASSED, "NaN in row 1: same"), NonFiniteProbe("inf", PROBE_PASSED, "same")]
+    nan, inf = guarded_probes(bare, through)
+    assert (nan.status, nan.output, nan.mismatched) == (PROBE_GUARDED, "outputs", 4)
+    assert nan.message.startswith("with NaN in row 1, 4 elements differ; through the non-finite guard")
+    assert inf == bare[1]
+    result = check_fidelity(torch.ones(2), torch.ones(2), "fp32").add_probes([nan, inf])
+    assert result.passed and result.failed_probe() is None
+    still = [NonFiniteProbe("nan", PROBE_FAILED, "2 elements differ", "outputs", 2), through[1]]
+    nan, _ = guarded_probes(bare, still)
+    assert (nan.status, nan.output, nan.mismatched) == (PROBE_FAILED, "outputs", 2)
+    assert nan.message == "with NaN in row 1, 4 elements differ; through the non-finite guard: 2 elements differ"
+    result = check_fidelity(torch.ones(2), torch.ones(2), "fp32").add_probes([nan])
+    assert not result.passed and "non_finite='guard'" not in result.message  # the guard was tried: no such advice

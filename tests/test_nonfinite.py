@@ -1,9 +1,11 @@
-"""NaN/inf inputs: a tuned module propagates them as eager does, or its backend is rejected by the fidelity probe.
+"""NaN/inf inputs: a tuned module propagates them as eager does; a backend that does not is kept behind the
+non-finite guard (the default) or rejected (``FidelityConfig(non_finite="reject")``) by the fidelity probe.
 
 Measured on this project's CPU (OpenVINO 2026.4): OpenVINO maps NaN to a finite value in ReLU, Clamp,
 Maximum, MaxPool and ReduceMax at bf16 and f32 alike, so an MLP or CNN with ReLU returns finite numbers
-for a NaN row and must be rejected; without such ops (GELU MLP) it propagates NaN and passes. Eager,
-Inductor and TorchAO (int8, per-row activation scales) propagate NaN and inf like eager.
+for a NaN row and needs the guard; without such ops (GELU MLP) it propagates NaN and passes. Eager,
+Inductor and TorchAO (int8, per-row activation scales) propagate NaN like eager; TorchAO turns an all-+inf
+row into +inf where eager gives NaN. The guard itself is tested in test_non_finite_guard.py.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch_tweak.errors import ConfigError, FidelityError
 from torch_tweak.torch.backend import TorchEagerBackend
 from torch_tweak.torch.fidelity import (
     PROBE_FAILED,
+    PROBE_GUARDED,
     PROBE_PASSED,
     PROBE_SKIPPED,
     FidelityConfig,
@@ -31,6 +34,9 @@ from torch_tweak.torch.fidelity import (
 from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
 from torch_tweak.torch.module.tree import TENSOR, flatten_sample
 from torch_tweak.torch.testing import NaNToZeroBackend
+
+REJECT = FidelityConfig(non_finite="reject")
+GUARD = " + non-finite guard"
 
 HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
@@ -112,21 +118,40 @@ BACKENDS = [
 DROPS_NAN_IN_RELU = {"openvino", "openvino-f32"}
 
 
+def assert_nan_row_dropped(probe: dict, status: str) -> None:
+    """The NaN probe of the Linear-ReLU-LayerNorm-Linear MLP on a backend whose ReLU maps NaN to 0."""
+    assert probe["status"] == status and probe["output"] == "outputs" and probe["mismatched"] == 8
+    assert "eager: 8 NaN" in probe["message"] and "candidate: 0 NaN" in probe["message"]
+    assert "8 of them are finite where eager's are not" in probe["message"]
+
+
 @pytest.mark.parametrize("name", BACKENDS)
-def test_relu_mlp_propagates_non_finite_rows_or_is_rejected(name):
+def test_relu_mlp_propagates_non_finite_rows_or_is_guarded(name):
     model = relu_mlp()
     reference = copy.deepcopy(model)
     wrapped, module, row = tune_one(model, _backend(name), batch_sizes=(2, 4))  # no batch-1 compile
+    assert row.status == "chosen" and module.status == "tuned", row.error
     if name in DROPS_NAN_IN_RELU:
-        assert row.status == "rejected" and module.status == "passthrough"
-        assert "does not propagate NaN like eager" in row.error and "check_non_finite=False" in row.error
-        nan = probes(row)["nan"]
-        assert nan["status"] == PROBE_FAILED and nan["output"] == "outputs" and nan["mismatched"] == 8
-        assert "eager: 8 NaN" in nan["message"] and "candidate: 0 NaN" in nan["message"]
-        assert "8 of them are finite where eager's are not" in nan["message"]
+        assert row.backend.endswith(GUARD) and list(wrapped.backends.values())[0].describe() == row.backend
+        assert_nan_row_dropped(probes(row)["nan"], PROBE_GUARDED)
+        assert "through the non-finite guard" in probes(row)["nan"]["message"]
     else:
-        assert row.status == "chosen", row.error
+        assert not row.backend.endswith(GUARD)
         assert {p["status"] for p in row.fidelity["non_finite"]} == {PROBE_PASSED}
+    assert_same_non_finite(reference, wrapped, 16)
+
+
+@pytest.mark.openvino
+@pytest.mark.skipif(not HAS_OPENVINO, reason="openvino is not installed")
+@pytest.mark.parametrize("name", ["openvino", "openvino-f32"])
+def test_relu_mlp_on_openvino_is_rejected_when_asked(name):
+    model = relu_mlp()
+    reference = copy.deepcopy(model)
+    wrapped, module, row = tune_one(model, _backend(name), REJECT, batch_sizes=(2, 4))
+    assert row.status == "rejected" and module.status == "passthrough"
+    assert "does not propagate NaN like eager" in row.error and "check_non_finite=False" in row.error
+    assert "FidelityConfig(non_finite='guard')" in row.error
+    assert_nan_row_dropped(probes(row)["nan"], PROBE_FAILED)
     assert_same_non_finite(reference, wrapped, 16)  # the rejected backend's module runs its original code
 
 
@@ -144,24 +169,36 @@ def test_openvino_without_nan_dropping_ops_is_accepted_and_propagates(name):
 
 @pytest.mark.torchao
 @pytest.mark.skipif(not HAS_TORCHAO, reason="torchao is not installed")
-def test_torchao_int8_turns_an_inf_row_into_inf_where_eager_gives_nan_and_is_rejected():
+@pytest.mark.parametrize("mode", ["guard", "reject"])
+def test_torchao_int8_turns_an_inf_row_into_inf_where_eager_gives_nan_and_is_guarded_or_rejected(mode):
     # Found by experiment: int8 dynamic activation scales of an all-+inf row are inf, and the quantized
     # Linear-ReLU-Linear returns +inf where eager's inf - inf gives NaN. The NaN probe passes.
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32)).eval()
-    _, module, row = tune_one(model, _backend("torchao"), width=64, batch_sizes=(2, 4))
-    assert row.status == "rejected" and row.precision == "int8" and module.status == "passthrough"
+    reference = copy.deepcopy(model)
+    wrapped, module, row = tune_one(model, _backend("torchao"), FidelityConfig(non_finite=mode), width=64,
+                                    batch_sizes=(2, 4))
+    assert row.precision == "int8"
     nan, inf = probes(row)["nan"], probes(row)["inf"]
-    assert nan["status"] == PROBE_PASSED and inf["status"] == PROBE_FAILED
+    assert nan["status"] == PROBE_PASSED
     assert "(eager: 32 NaN, 0 inf; candidate: 0 NaN, 32 inf); the candidate has inf where eager has NaN" in inf["message"]
-    assert "does not propagate +inf like eager" in row.error
+    if mode == "guard":
+        assert row.status == "chosen" and module.status == "tuned" and row.backend.endswith(GUARD)
+        assert inf["status"] == PROBE_GUARDED
+    else:
+        assert row.status == "rejected" and module.status == "passthrough" and inf["status"] == PROBE_FAILED
+        assert "does not propagate +inf like eager" in row.error
+    x = torch.randn(3, 64)
+    x[1] = math.inf
+    with torch.no_grad():
+        assert torch.equal(wrapped(x).isnan(), reference(x).isnan())
 
 
 # the probe with test backends ------------------------------------------------------------------------
 
 
 def test_backend_mapping_nan_to_zero_is_rejected_with_the_reason():
-    wrapped, module, row = tune_one(mlp(), NaNToZeroBackend(), width=8)
+    wrapped, module, row = tune_one(mlp(), NaNToZeroBackend(), REJECT, width=8)
     assert row.status == "rejected" and module.status == "passthrough"
     assert row.error.startswith("FidelityError: the candidate does not propagate NaN like eager: with NaN in row 1 "
                                 "of args[0] (axis 0), 4 of the 8 elements of outputs differ in NaN/inf from eager")
@@ -171,7 +208,19 @@ def test_backend_mapping_nan_to_zero_is_rejected_with_the_reason():
     nan = probes(row)["nan"]
     assert (nan["status"], nan["output"], nan["mismatched"]) == (PROBE_FAILED, "outputs", 4)
     with pytest.raises(FidelityError, match="does not propagate NaN"):
-        tune_one(mlp(), NaNToZeroBackend(), width=8, ignore_failing_modules=False)
+        tune_one(mlp(), NaNToZeroBackend(), REJECT, width=8, ignore_failing_modules=False)
+
+
+def test_backend_mapping_nan_to_zero_is_guarded_by_default():
+    reference = mlp()
+    wrapped, module, row = tune_one(mlp(), NaNToZeroBackend(), width=8)
+    assert row.status == "chosen" and module.status == "tuned" and row.backend == "NaNToZeroBackend()" + GUARD
+    assert row.fidelity["passed"] is True and row.error is None
+    nan = probes(row)["nan"]
+    assert (nan["status"], nan["output"], nan["mismatched"]) == (PROBE_GUARDED, "outputs", 4)
+    assert nan["message"].startswith("with NaN in row 1 of args[0] (axis 0), 4 of the 8 elements of outputs differ")
+    assert probes(row)["inf"]["status"] == PROBE_GUARDED  # an all-+inf row gives NaN (inf - inf) in eager
+    assert_same_non_finite(reference, wrapped, 8)
 
 
 def test_probe_can_be_disabled_and_is_validated():
@@ -212,10 +261,15 @@ class RaisesOnNonFinite(TorchEagerBackend):
         return super()._infer(*args, **kwargs)
 
 
-def test_candidate_raising_where_eager_does_not_is_rejected():
-    _, _, row = tune_one(mlp(), RaisesOnNonFinite(), width=8)
+def test_candidate_raising_where_eager_does_not_is_rejected_or_guarded():
+    _, _, row = tune_one(mlp(), RaisesOnNonFinite(), REJECT, width=8)
     assert row.status == "rejected"
     assert "the candidate raised RuntimeError: non-finite input, where eager returned outputs" in row.error
+    wrapped, _, row = tune_one(mlp(), RaisesOnNonFinite(), width=8)
+    assert row.status == "chosen" and row.backend.endswith(GUARD)
+    assert {p["status"] for p in row.fidelity["non_finite"]} == {PROBE_GUARDED}
+    assert "the candidate raised RuntimeError: non-finite input" in probes(row)["nan"]["message"]
+    assert_same_non_finite(mlp(), wrapped, 8)  # the guard never lets the candidate see NaN/inf
 
 
 class TokenModel(nn.Module):

@@ -19,7 +19,9 @@ output (OpenVINO's CPU plugin maps NaN to a finite value in ReLU, Clamp, Maximum
 a NaN row of an MLP or CNN comes back as finite numbers). :func:`probe_non_finite` therefore writes NaN,
 then +inf, into one batch row of every floating-point input of one recorded sample, runs the module's own
 forward and the candidate on it, and requires the same NaN and inf positions in every floating-point
-output (:attr:`FidelityConfig.check_non_finite`).
+output (:attr:`FidelityConfig.check_non_finite`). A candidate that fails them is, by default, kept behind
+a :class:`~torch_tweak.torch.backend.non_finite_guard.NonFiniteGuardBackend` (calls with NaN/inf inputs
+run the module's own forward) once the probes pass through the guard (:attr:`FidelityConfig.non_finite`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from torch_tweak.torch.module.forward import original_forward
 from torch_tweak.torch.module.recording import RecordedSample
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample, flatten, flatten_sample
+from torch_tweak.utils.validate import check_bool, check_choice
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +83,10 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
 }
 
 
+NON_FINITE_GUARD = "guard"
+NON_FINITE_MODES = (NON_FINITE_GUARD, "reject")
+
+
 @dataclass
 class FidelityConfig:
     """Tolerances per executed precision; unknown precisions use the loosest (``int8``) limits.
@@ -88,11 +95,17 @@ class FidelityConfig:
         tolerances: a :class:`Tolerance` per executed precision.
         check_non_finite: after the recorded samples pass, probe the candidate with NaN and +inf in one
             batch row of every floating-point input (see :func:`probe_non_finite`); a candidate whose outputs
-            do not have eager's NaN/inf positions is rejected. Costs one eager and one candidate call per probe.
+            do not have eager's NaN/inf positions is guarded or rejected (``non_finite``). Costs one eager and
+            one candidate call per probe.
+        non_finite: what happens to a candidate that fails a probe: ``"guard"`` wraps it in a
+            ``NonFiniteGuardBackend`` (calls whose floating-point inputs hold NaN/inf run the module's original
+            code, so its weights stay in memory) and keeps it if the probes pass through the guard;
+            ``"reject"`` rejects it.
     """
 
     tolerances: dict[str, Tolerance] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
     check_non_finite: bool = True
+    non_finite: str = NON_FINITE_GUARD
 
     def __post_init__(self) -> None:
         if not isinstance(self.tolerances, dict):
@@ -101,8 +114,8 @@ class FidelityConfig:
         for name, tol in self.tolerances.items():
             if not isinstance(tol, Tolerance):
                 raise ConfigError(f"FidelityConfig.tolerances[{name!r}] must be a Tolerance, got {type(tol).__name__}.")
-        if not isinstance(self.check_non_finite, bool):
-            raise ConfigError(f"FidelityConfig.check_non_finite must be True or False, got {self.check_non_finite!r}.")
+        check_bool(self.check_non_finite, "FidelityConfig.check_non_finite")
+        check_choice(self.non_finite, "FidelityConfig.non_finite", NON_FINITE_MODES)
 
     def tolerance_for(self, precision: str) -> Tolerance:
         """The tolerance of ``precision`` (``int8`` limits for precisions without an entry)."""
@@ -112,6 +125,8 @@ class FidelityConfig:
 PROBE_PASSED = "passed"
 PROBE_FAILED = "failed"
 PROBE_SKIPPED = "skipped"
+PROBE_GUARDED = "guarded"
+_THROUGH_GUARD = "through the non-finite guard"
 PROBE_VALUES: tuple[tuple[str, float], ...] = (("nan", math.nan), ("inf", math.inf))
 _SHOWN = {"nan": "NaN", "inf": "+inf"}
 
@@ -122,7 +137,8 @@ class NonFiniteProbe:
 
     Attributes:
         value: ``"nan"`` or ``"inf"``, the value written into the inputs.
-        status: ``passed``, ``failed`` or ``skipped``.
+        status: ``passed``, ``failed``, ``skipped`` or ``guarded`` (failed on the candidate, passed through
+            the non-finite guard; message, output and count are the candidate's failure).
         message: what was poisoned, and why the probe failed or was skipped.
         output: locator of the first output whose NaN/inf positions differ from eager (failed probes).
         mismatched: how many elements of that output differ.
@@ -178,10 +194,12 @@ class FidelityResult:
         failed = self.failed_probe()
         if failed is not None and self.passed:
             self.passed = False
+            guard = "" if _THROUGH_GUARD in failed.message else (
+                ", keep it behind the non-finite guard with FidelityConfig(non_finite='guard')")
             self.message = (
                 f"the candidate does not propagate {_SHOWN.get(failed.value, failed.value)} like eager: "
-                f"{failed.message}. Choose another backend, or, if the inputs are guaranteed to be finite, disable "
-                "this probe with FidelityConfig(check_non_finite=False)"
+                f"{failed.message}. Choose another backend{guard}, or, if the inputs are guaranteed to be finite, "
+                "disable this probe with FidelityConfig(check_non_finite=False)"
             )
         return self
 
@@ -379,6 +397,27 @@ def _probe(module: nn.Module, candidate: Callable[..., Any], sample: Sample, gra
     if message:
         return NonFiniteProbe(name, PROBE_FAILED, f"with {where}, {message}", output, differ)
     return NonFiniteProbe(name, PROBE_PASSED, f"{where}: same NaN/inf positions as eager")
+
+
+def guarded_probes(bare: Sequence[NonFiniteProbe], through: Sequence[NonFiniteProbe]) -> list[NonFiniteProbe]:
+    """Combine a candidate's probes with the same probes run again through the non-finite guard.
+
+    A probe the candidate failed and the guard passed becomes ``guarded`` and keeps the candidate's failure;
+    a probe that fails through the guard is ``failed`` with both outcomes; the others stay as they were.
+    """
+    merged: list[NonFiniteProbe] = []
+    for before, after in zip(bare, through, strict=True):
+        if after.status == PROBE_FAILED:
+            first = f"{before.message}; " if before.status == PROBE_FAILED else ""
+            merged.append(NonFiniteProbe(before.value, PROBE_FAILED, f"{first}{_THROUGH_GUARD}: {after.message}",
+                                         after.output, after.mismatched))
+        elif before.status == PROBE_FAILED:
+            merged.append(NonFiniteProbe(before.value, PROBE_GUARDED, f"{before.message}; {_THROUGH_GUARD}, which "
+                                         "runs such calls with the module's original code, the NaN/inf positions "
+                                         "match eager's", before.output, before.mismatched))
+        else:
+            merged.append(before)
+    return merged
 
 
 @contextlib.contextmanager

@@ -35,6 +35,7 @@ __all__ = [
     "BackendState",
     "BatchRouterBackend",
     "GraphSpec",
+    "NonFiniteGuardBackend",
     "ONNXRuntimeBackend",
     "ONNXRuntimeBackendConfig",
     "OpenVINOBackend",

@@ -59,6 +59,7 @@ BACKENDS: dict[str, BackendEntry] = {
     "TorchInductorAOTBackend": BackendEntry(f"{_PACKAGE}.torch_inductor_aot", "TorchInductorAOTBackendConfig",
                                             candidate=False),
     "BatchRouterBackend": BackendEntry(f"{_PACKAGE}.batch_router", None, candidate=False),
+    "NonFiniteGuardBackend": BackendEntry(f"{_PACKAGE}.non_finite_guard", None, candidate=False),
     "TorchEagerBackend": BackendEntry(f"{_PACKAGE}.torch_eager", "TorchEagerBackendConfig"),
 }
 

@@ -15,6 +15,7 @@ ever imported.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path, PurePath
 from typing import Any
@@ -23,7 +24,6 @@ import torch
 
 from torch_tweak.errors import CheckpointError, ConfigError
 from torch_tweak.torch.backend.backend import Backend
-from torch_tweak.torch.backend.batch_router import BatchRouterBackend
 from torch_tweak.torch.backend.registry import resolve_backend
 
 MARKER = "$tt"
@@ -36,21 +36,33 @@ def is_native(cls: type[Backend]) -> bool:
 
 
 def components(backend_type: str, backend_class: str, state: Any) -> list[tuple[str, str, Any]]:
-    """``(type, class, state)`` of a stored backend and, for a :class:`BatchRouterBackend`, of each route's."""
+    """``(type, class, state)`` of a stored backend and of every backend nested in its state, outermost first.
+
+    A backend assembled from others (a router's routes, a guard's inner backend, a guard inside a route)
+    stores each of them as ``{"backend_type", "backend_class", "state"}``; every dict with a string
+    ``backend_type`` is such an entry wherever it sits, so the audit checks each one (artifact references,
+    unsafe settings, native code) without knowing which backend classes nest others.
+    """
     found = [(backend_type, backend_class, state)]
-    if backend_type == BatchRouterBackend.__name__ and isinstance(state, dict) and isinstance(state.get("routes"), list):
-        found += [(r["backend_type"], r.get("backend_class"), r.get("state")) for r in state["routes"]
-                  if isinstance(r, dict) and isinstance(r.get("backend_type"), str)]
+    pending = deque([state])
+    while pending:
+        value = pending.popleft()
+        if isinstance(value, list):
+            pending.extend(value)
+        elif isinstance(value, dict):
+            if isinstance(value.get("backend_type"), str):
+                found.append((value["backend_type"], value.get("backend_class"), value.get("state")))
+            pending.extend(value.values())
     return found
 
 
 def route_types(backend_type: str, state: Any) -> list[str]:
-    """``backend_type`` and, for a :class:`BatchRouterBackend` state, the types of its routes' backends."""
+    """``backend_type`` and the types of the backends nested in its state (see :func:`components`)."""
     return [t for t, _, _ in components(backend_type, "", state)]
 
 
 def check_backend_state(backend_type: str, backend_class: str, state: Any, where: str) -> list[type[Backend]]:
-    """Resolve the classes of a stored backend (and its routes) and refuse a state a stranger could abuse.
+    """Resolve the classes of a stored backend (and of those nested in it); refuse a state a stranger could abuse.
 
     Every key a class declares in ``artifact_keys`` must be an archive-member reference (never a path on
     disk), and the stored config must rebuild with no :meth:`BackendConfig.unsafe_settings` (options that

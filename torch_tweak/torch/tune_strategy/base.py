@@ -1,4 +1,9 @@
-"""TuneStrategy: how a graph's backend is chosen. Subclasses implement ``_tune``."""
+"""TuneStrategy: how a graph's backend is chosen. Subclasses implement ``_tune``.
+
+Every strategy builds and checks candidates through :meth:`TuneStrategy.try_backend`, so the fidelity rules
+(recorded samples, then the non-finite probes and, when a candidate fails those, the non-finite guard) are
+applied in one place.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +21,15 @@ from torch import nn
 from torch_tweak.errors import FidelityError, TorchTweakError
 from torch_tweak.torch import progress
 from torch_tweak.torch.backend.backend import Backend, BackendState
+from torch_tweak.torch.backend.non_finite_guard import NonFiniteGuardBackend
 from torch_tweak.torch.fidelity import (
+    NON_FINITE_GUARD,
+    PROBE_FAILED,
     FidelityConfig,
     FidelityResult,
+    NonFiniteProbe,
     check_fidelity,
+    guarded_probes,
     probe_non_finite,
     probe_sample,
 )
@@ -75,7 +85,9 @@ class TuneStrategy(ABC):
     A strategy receives one graph at a time (:meth:`tune`) and returns a built, active backend that
     passed the fidelity check. Use :meth:`try_backend` to build and check a candidate: it deep-copies
     the template, builds it with its output captured in ``build.log``, compares its outputs with the
-    recorded eager outputs and appends the result to the graph's report.
+    recorded eager outputs and appends the result to the graph's report. A candidate that passes the
+    samples but not the non-finite probes comes back wrapped in a :class:`NonFiniteGuardBackend` when
+    ``fidelity.non_finite == "guard"`` (the default) and the probes pass through the guard.
     """
 
     def __init__(self, fidelity: FidelityConfig | None = None) -> None:
@@ -114,7 +126,11 @@ class TuneStrategy(ABC):
         """Return a built, active, checked backend, or raise."""
 
     def try_backend(self, template: Backend, task: GraphTask, role: str = "candidate") -> tuple[Backend, CandidateReport]:
-        """Build and check a copy of ``template``; raises :class:`CandidateFailedError` with the report row."""
+        """Build and check a copy of ``template``; raises :class:`CandidateFailedError` with the report row.
+
+        The backend returned is the built copy, or that copy behind the non-finite guard (then the row's
+        ``backend`` says so); either way it is what the strategy measures and may choose.
+        """
         backend = copy.deepcopy(template)
         row = CandidateReport(backend=backend.describe(), key=backend.key(), role=role)
         task.report.candidates.append(row)
@@ -135,13 +151,14 @@ class TuneStrategy(ABC):
         row.precision = backend.executed_precision
         if self._correctness_check:
             progress.update(phase="check")
-            self._check(backend, task, row)
+            backend = self._check(backend, task, row)
         row.status = PASSED
         if getattr(self, "profiling", None) is not None:  # measuring strategies measure next
             progress.update(phase="measure")
         return backend, row
 
-    def _check(self, backend: Backend, task: GraphTask, row: CandidateReport) -> None:
+    def _check(self, backend: Backend, task: GraphTask, row: CandidateReport) -> Backend:
+        """Compare ``backend`` on the recorded samples, then probe it; returns it, or it behind the guard."""
         result: FidelityResult | None = None
         for sample in task.samples:
             args, kwargs = copy.deepcopy(sample.sample)
@@ -158,10 +175,13 @@ class TuneStrategy(ABC):
             if not current.passed:
                 break
         if result is None:
-            return
+            return backend
         sample = probe_sample(task.samples)
         if result.passed and self.fidelity.check_non_finite and sample is not None:
-            result.add_probes(probe_non_finite(task.module, backend.infer, sample, task.graph_spec))
+            probes = probe_non_finite(task.module, backend.infer, sample, task.graph_spec)
+            if self.fidelity.non_finite == NON_FINITE_GUARD and any(p.status == PROBE_FAILED for p in probes):
+                backend, probes = _guard(backend, task, row, sample, probes)
+            result.add_probes(probes)
         row.fidelity = result.to_dict()
         if not result.passed:
             row.status = REJECTED
@@ -169,6 +189,25 @@ class TuneStrategy(ABC):
             row.error = f"FidelityError: {result.message}{detail}"
             _release(backend)
             raise CandidateFailedError(row) from FidelityError(row.error)
+        return backend
+
+
+def _guard(backend: Backend, task: GraphTask, row: CandidateReport, sample: Sample,
+           probes: list[NonFiniteProbe]) -> tuple[Backend, list[NonFiniteProbe]]:
+    """Run the probes again through a :class:`NonFiniteGuardBackend` around ``backend``; when they pass, return
+    a guard (its overhead is then measured with it) and the probes marked ``guarded``, else ``backend``."""
+    failed = next(p for p in probes if p.status == PROBE_FAILED)
+    reason = f"fidelity probe: {failed.message}"
+    proof = NonFiniteGuardBackend(backend, task.module, task.graph_spec, reason, quiet=True)
+    merged = guarded_probes(probes, probe_non_finite(task.module, proof.infer, sample, task.graph_spec))
+    if any(p.status == PROBE_FAILED for p in merged):
+        return backend, merged
+    guard = NonFiniteGuardBackend(backend, task.module, task.graph_spec, reason)  # warns at the first real diversion
+    logger.info("%s: %s does not propagate NaN/inf like eager; it is kept behind the non-finite guard (calls with "
+                "NaN/inf inputs run the module's original code, so its weights stay in memory)",
+                describe_task(task), row.backend)
+    row.backend = guard.describe()
+    return guard, merged
 
 
 def _release(backend: Backend) -> None:

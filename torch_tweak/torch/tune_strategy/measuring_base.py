@@ -312,7 +312,10 @@ class MeasuringStrategy(TuneStrategy):
 def _precision_retry(template: Backend, evaluation: Evaluation, seen: set[str]) -> Backend | None:
     """A higher-precision variant of a candidate the fidelity check rejected at reduced precision, if any.
 
-    The variant is a candidate of its own, with its own row in the report (never a silent substitution).
+    The variant is a candidate of its own, with its own row in the report (never a silent substitution). A
+    candidate kept behind the non-finite guard passed the check, so it gets none (its NaN/inf problem is
+    solved; at f32 it would only be slower). One rejected by a probe does: int8 activation scales can be
+    what turns an inf row into inf instead of NaN, which a higher precision does not do.
     """
     if evaluation.row.status != REJECTED or evaluation.row.precision in (None, "fp32"):
         return None
