@@ -6,9 +6,12 @@ import math
 
 import pytest
 import torch
+from toy_models import mlp
 
+import torch_tweak.torch as tt
 from torch_tweak.errors import ConfigError
 from torch_tweak.torch.fidelity_metrics import cosine, relative_l2, task_metric, topk_agreement
+from torch_tweak.torch.testing import WrongOutputBackend
 
 
 def test_cosine_is_the_worst_vector_along_the_last_axis():
@@ -68,3 +71,55 @@ def test_user_metric_with_threshold_and_direction():
 def test_bad_metric_settings(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         task_metric(**kwargs)
+
+
+# through the public API --------------------------------------------------------------------------------
+
+_NAMES = iter(range(1 << 30))
+
+
+def _tune_with(fidelity, offset):
+    wrapped = tt.Module(mlp(), name=f"metric_{next(_NAMES)}",
+                        strategy=tt.OneBackendStrategy(WrongOutputBackend(offset=offset), fidelity=fidelity))
+    report = tt.tune(wrapped, [torch.randn(8) for _ in range(4)], batch_sizes=[1, 2])
+    (row,) = report.modules[0].graphs[0].candidates
+    return wrapped, report, row
+
+
+def test_a_task_metric_accepts_what_the_task_cannot_tell_apart_and_reports_its_value():
+    _, _, strict = _tune_with(None, 0.002)
+    assert strict.status == "rejected" and "exceed atol" in strict.error
+    wrapped, report, row = _tune_with(tt.FidelityConfig(metric="cosine"), 0.002)
+    assert row.status == "chosen" and wrapped.state is tt.ModuleState.TUNED
+    assert row.fidelity["metric"] == "cosine >= 0.99" and 0.99 <= row.fidelity["metric_value"] < 1.0
+    assert row.fidelity["tolerance"] == "cosine >= 0.99" and row.fidelity["max_abs_error"] == pytest.approx(0.002, rel=1e-4)
+    assert f"(cosine {row.fidelity['metric_value']:.4g} vs >= 0.99)" in str(report)
+
+
+def test_a_task_metric_rejects_what_changes_the_task_answer():
+    wrapped, _, row = _tune_with(tt.FidelityConfig(metric="rel_l2", threshold=0.01), 1.0)
+    assert row.status == "rejected" and wrapped.state is tt.ModuleState.PASSTHROUGH
+    assert "task metric rel_l2 = " in row.error and "needs rel_l2 <= 0.01" in row.error
+    assert row.fidelity["metric_value"] > 0.01
+
+
+def test_a_user_metric_is_judged_on_every_sample_and_its_errors_are_rows():
+    seen = []
+
+    def same_answer(reference, candidate):
+        seen.append(1)
+        return float((reference.argmax(-1) == candidate.argmax(-1)).float().mean())
+
+    _, _, row = _tune_with(tt.FidelityConfig(metric=same_answer, threshold=1.0), 0.002)
+    assert row.status == "chosen" and row.fidelity["metric"] == "same_answer >= 1" and len(seen) >= 2
+
+    def broken(reference, candidate):
+        raise ValueError("no labels here")
+
+    _, _, row = _tune_with(tt.FidelityConfig(metric=broken, threshold=1.0), 0.002)
+    assert row.status == "rejected" and "the task metric broken raised ValueError: no labels here" in row.error
+
+
+def test_threshold_without_a_metric_is_refused():
+    with pytest.raises(ConfigError, match="apply to a metric"):
+        tt.FidelityConfig(threshold=0.5)

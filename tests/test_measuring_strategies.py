@@ -206,7 +206,7 @@ def test_hanging_candidate_is_abandoned_within_its_time_limit(clock):
     try:
         _, _, graph = tune(strat)
     finally:
-        hanging.release()
+        hanging.unblock()
     assert time.perf_counter() - start < 3.0
     row = rows(graph)["HangingBackend()"]
     assert row.status == "timeout" and "candidate_time_limit_s=0.5" in row.error

@@ -14,6 +14,10 @@ int8/fp8  relative L2 error and cosine similarity (loosest: quantized weights)
 Integer and bool outputs (token ids, masks) must match exactly in fp32 and may differ in at most
 ``max_mismatch_fraction`` of the elements otherwise.
 
+With ``FidelityConfig(metric=...)`` the values are judged like the task instead (cosine of embeddings, top-k
+agreement of logits, relative L2, or a user callable; :mod:`torch_tweak.torch.fidelity_metrics`): the
+worst value over the recorded samples must meet the threshold, and the report shows it next to the bound.
+
 Recorded samples are finite, so they cannot show whether a candidate turns invalid input into plausible
 output (OpenVINO's CPU plugin maps NaN to a finite value in ReLU, Clamp, Maximum, MaxPool and ReduceMax, so
 a NaN row of an MLP or CNN comes back as finite numbers). :func:`probe_non_finite` therefore writes NaN,
@@ -38,6 +42,7 @@ from torch import nn
 
 from torch_tweak.errors import ConfigError
 from torch_tweak.torch.backend.torch_inductor import clone_sample
+from torch_tweak.torch.fidelity_metrics import TaskMetric, task_metric
 from torch_tweak.torch.module.forward import original_forward
 from torch_tweak.torch.module.recording import RecordedSample
 from torch_tweak.torch.module.spec import GraphSpec
@@ -89,10 +94,19 @@ NON_FINITE_MODES = (NON_FINITE_GUARD, "reject")
 
 @dataclass
 class FidelityConfig:
-    """Tolerances per executed precision; unknown precisions use the loosest (``int8``) limits.
+    """How candidates are judged: strict tolerances per executed precision (the default; unknown precisions
+    use the loosest, ``int8``, limits), or a task metric.
 
     Attributes:
         tolerances: a :class:`Tolerance` per executed precision.
+        metric: None (strict: every output element within the tolerance of the executed precision), a built-in
+            task metric (``"cosine"``, ``"topk"``, ``"rel_l2"``) or a callable
+            ``metric(reference_outputs, candidate_outputs) -> float`` (see :mod:`torch_tweak.torch.fidelity_metrics`).
+            With a metric, structure, shapes and finiteness are still checked element by element; the values are
+            judged by the metric's worst value over the recorded samples against ``threshold``.
+        threshold: the metric's bound (built-in defaults: cosine 0.99, topk 0.99, rel_l2 0.05).
+        k: ``k`` of the ``"topk"`` metric.
+        higher_is_better: direction of a callable metric (default True).
         check_non_finite: after the recorded samples pass, probe the candidate with NaN and +inf in one
             batch row of every floating-point input (see :func:`probe_non_finite`); a candidate whose outputs
             do not have eager's NaN/inf positions is guarded or rejected (``non_finite``). Costs one eager and
@@ -106,6 +120,10 @@ class FidelityConfig:
     tolerances: dict[str, Tolerance] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
     check_non_finite: bool = True
     non_finite: str = NON_FINITE_GUARD
+    metric: str | Callable[[Any, Any], float] | None = None
+    threshold: float | None = None
+    k: int = 1
+    higher_is_better: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.tolerances, dict):
@@ -116,6 +134,15 @@ class FidelityConfig:
                 raise ConfigError(f"FidelityConfig.tolerances[{name!r}] must be a Tolerance, got {type(tol).__name__}.")
         check_bool(self.check_non_finite, "FidelityConfig.check_non_finite")
         check_choice(self.non_finite, "FidelityConfig.non_finite", NON_FINITE_MODES)
+        self._task = None if self.metric is None else task_metric(self.metric, self.threshold, self.higher_is_better,
+                                                                  self.k)
+        if self.metric is None and (self.threshold is not None or self.higher_is_better is not None):
+            raise ConfigError("FidelityConfig.threshold and higher_is_better apply to a metric; pass metric= too.")
+
+    @property
+    def task(self) -> TaskMetric | None:
+        """The task metric with its threshold, or None in strict mode."""
+        return self._task
 
     def tolerance_for(self, precision: str) -> Tolerance:
         """The tolerance of ``precision`` (``int8`` limits for precisions without an entry)."""
@@ -166,6 +193,9 @@ class FidelityResult:
     min_cosine: float = 1.0
     message: str = ""
     non_finite: list[NonFiniteProbe] = field(default_factory=list)
+    metric: str | None = None
+    metric_value: float | None = None
+    metric_higher_is_better: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (non-finite numbers become strings)."""
@@ -182,6 +212,9 @@ class FidelityResult:
             min_cosine=min(self.min_cosine, other.min_cosine),
             message=self.message if not self.passed else other.message,
             non_finite=[*self.non_finite, *other.non_finite],
+            metric=self.metric or other.metric,
+            metric_value=_worse(self.metric_value, other.metric_value, self.metric_higher_is_better),
+            metric_higher_is_better=self.metric_higher_is_better,
         )
 
     def failed_probe(self) -> NonFiniteProbe | None:
@@ -206,8 +239,9 @@ class FidelityResult:
 
 def check_fidelity(expected: Any, actual: Any, precision: str, config: FidelityConfig | None = None) -> FidelityResult:
     """Compare ``actual`` outputs with ``expected`` (eager) outputs for a candidate running ``precision``."""
-    tolerance = (config or FidelityConfig()).tolerance_for(precision)
-    result = FidelityResult(True, precision, tolerance.describe())
+    config = config or FidelityConfig()
+    tolerance, task = config.tolerance_for(precision), config.task
+    result = FidelityResult(True, precision, tolerance.describe() if task is None else task.describe())
     exp_leaves, exp_spec = flatten(expected)
     act_leaves, act_spec = flatten(actual)
     if len(exp_leaves) != len(act_leaves):
@@ -215,10 +249,33 @@ def check_fidelity(expected: Any, actual: Any, precision: str, config: FidelityC
     if _strip(exp_spec) != _strip(act_spec):
         return _fail(result, "the output structure (containers or non-tensor values) differs from eager")
     for index, (exp, act) in enumerate(zip(exp_leaves, act_leaves)):
-        message = _compare_tensor(exp, act, tolerance, precision, result)
+        message = _compare_tensor(exp, act, tolerance, precision, result, values=task is None)
         if message:
             return _fail(result, f"output tensor {index}: {message}")
+    if task is not None:
+        return _judge_task(task, expected, actual, result)
     return result
+
+
+def _judge_task(task: TaskMetric, expected: Any, actual: Any, result: FidelityResult) -> FidelityResult:
+    """Judge one sample's outputs by the task metric (a user metric that raises fails the candidate)."""
+    result.metric, result.metric_higher_is_better = task.describe(), task.higher_is_better
+    try:
+        value = float(task.function(expected, actual))
+    except Exception as exc:  # noqa: BLE001 - a user's metric failing is a finding about the candidate
+        return _fail(result, f"the task metric {task.name} raised {type(exc).__name__}: {exc}")
+    result.metric_value = value
+    worst, ok = task.judge([value])
+    if not ok:
+        return _fail(result, f"task metric {task.name} = {worst:.5g}, needs {task.describe()}")
+    return result
+
+
+def _worse(a: float | None, b: float | None, higher_is_better: bool | None) -> float | None:
+    """The worse of two metric values (None: not measured)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return min(a, b) if higher_is_better in (True, None) else max(a, b)
 
 
 def _strip(spec: Any) -> Any:
@@ -236,7 +293,10 @@ def _fail(result: FidelityResult, message: str) -> FidelityResult:
     return result
 
 
-def _compare_tensor(exp: torch.Tensor, act: torch.Tensor, tol: Tolerance, precision: str, result: FidelityResult) -> str:
+def _compare_tensor(exp: torch.Tensor, act: torch.Tensor, tol: Tolerance, precision: str, result: FidelityResult,
+                    values: bool = True) -> str:
+    """Why ``act`` does not match ``exp`` ("" if it does); ``values=False`` measures the value errors for the report
+    but leaves judging them to a task metric."""
     if not isinstance(act, torch.Tensor):
         return f"expected a tensor, got {type(act).__name__}"
     if tuple(exp.shape) != tuple(act.shape):
@@ -266,6 +326,8 @@ def _compare_tensor(exp: torch.Tensor, act: torch.Tensor, tol: Tolerance, precis
     result.max_abs_error = max(result.max_abs_error, max_abs)
     result.max_rel_l2 = max(result.max_rel_l2, rel_l2)
     result.min_cosine = min(result.min_cosine, cosine)
+    if not values:
+        return ""
     if tol.atol is not None and tol.rtol is not None:
         bound = tol.atol + tol.rtol * e.abs()
         if bool((diff > bound).any()):

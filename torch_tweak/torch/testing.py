@@ -163,7 +163,7 @@ class HangingBackend(TorchEagerBackend):
         self.max_wait_s = max_wait_s
         self._event = _Shared(threading.Event())
 
-    def release(self) -> None:
+    def unblock(self) -> None:
         """Let blocked and future calls finish (call it when the test ends)."""
         self._event.value.set()
 

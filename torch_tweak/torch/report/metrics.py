@@ -110,13 +110,19 @@ def fidelity_error(candidate: Any) -> float | None:
 
 
 def format_fidelity(candidate: Any) -> str:
-    """``1.2e-06`` / ``nan`` / empty for an unchecked candidate."""
+    """``1.2e-06`` / ``nan`` / empty for an unchecked candidate; with a task metric also its worst value and
+    bound, e.g. ``3.1e-02 (cosine 0.9987 vs >= 0.99)``."""
     fid = candidate.fidelity
     if not isinstance(fid, dict) or "max_abs_error" not in fid:
         return ""
     value = fid["max_abs_error"]
     number = _number(value)
-    return f"{number:.1e}" if number is not None else str(value)
+    text = f"{number:.1e}" if number is not None else str(value)
+    metric, measured = fid.get("metric"), _number(fid.get("metric_value"))
+    if isinstance(metric, str) and measured is not None:
+        name, _, bound = metric.partition(" ")
+        text += f" ({name} {measured:.4g} vs {bound})"
+    return text
 
 
 def format_throughput(m: CandidateMetrics) -> str:

@@ -168,7 +168,7 @@ class TuneStrategy(ABC):
             except Exception as exc:
                 row.status = INFER_FAILED
                 row.error = f"{type(exc).__name__}: {exc}"
-                _release(backend)
+                release_quietly(backend)
                 raise CandidateFailedError(row) from exc
             current = check_fidelity(sample.outputs, outputs, row.precision or "fp32", self.fidelity)
             result = current if result is None else result.merge(current)
@@ -187,7 +187,7 @@ class TuneStrategy(ABC):
             row.status = REJECTED
             detail = "" if result.failed_probe() else f" (tolerance for {result.precision}: {result.tolerance})"
             row.error = f"FidelityError: {result.message}{detail}"
-            _release(backend)
+            release_quietly(backend)
             raise CandidateFailedError(row) from FidelityError(row.error)
         return backend
 
@@ -210,12 +210,13 @@ def _guard(backend: Backend, task: GraphTask, row: CandidateReport, sample: Samp
     return guard, merged
 
 
-def _release(backend: Backend) -> None:
-    if backend.state == BackendState.ACTIVE:
-        try:
-            backend.deactivate()
-        except Exception:  # noqa: BLE001 - releasing a failed candidate must not hide its error
-            logger.debug("Could not deactivate failed candidate %s", backend.describe(), exc_info=True)
+def release_quietly(backend: Backend) -> None:
+    """:meth:`Backend.release` for a candidate a strategy drops: an error while releasing is logged, never
+    raised, so it cannot hide the error that made the candidate fail."""
+    try:
+        backend.release()
+    except Exception:  # noqa: BLE001 - see the docstring
+        logger.debug("Could not deactivate candidate %s", backend.describe(), exc_info=True)
 
 
 def format_failures(rows: list[CandidateReport]) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.profiling import SweepResult, power_of_two_batch_sizes
 from torch_tweak.torch.profiling.limit import run_with_time_limit
-from torch_tweak.torch.tune_strategy.base import GraphTask, _release, describe_task
+from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task, release_quietly
 from torch_tweak.torch.tune_strategy.results import Plan
 from torch_tweak.utils.capture import capture_output
 from torch_tweak.utils.permissions import secure_mkdir
@@ -58,7 +58,7 @@ def search_max_batch_size(task: GraphTask, baseline: Backend, limit: int, time_l
         try:
             return measure(backend, task, plan, cancel)
         finally:
-            _release(backend)
+            release_quietly(backend)
 
     try:
         finished, result = run_with_time_limit(run, time_limit_s)

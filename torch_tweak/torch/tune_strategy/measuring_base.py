@@ -46,10 +46,10 @@ from torch_tweak.torch.tune_strategy.base import (
     CandidateFailedError,
     GraphTask,
     TuneStrategy,
-    _release,
     backends_from,
     describe_task,
     format_failures,
+    release_quietly,
 )
 from torch_tweak.torch.tune_strategy.batch_search import search_max_batch_size
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, StrategyResult, selection_dict
@@ -200,7 +200,7 @@ class MeasuringStrategy(TuneStrategy):
         serving = [chosen] if routes is None else [e for _, e in routes]
         for evaluation in evaluations:
             if all(evaluation is not e for e in serving) and evaluation.backend is not None:
-                _release(evaluation.backend)
+                release_quietly(evaluation.backend)
         for evaluation in serving:
             evaluation.row.status = CHOSEN
         assert chosen.backend is not None
@@ -219,7 +219,7 @@ class MeasuringStrategy(TuneStrategy):
         keep = [best, *(worth_keeping(evaluations, 1.0 + self.eager_margin) if self._routes_batches else [])]
         for evaluation in evaluations:
             if evaluation.role != BASELINE and evaluation.backend is not None and all(evaluation is not k for k in keep):
-                _release(evaluation.backend)
+                release_quietly(evaluation.backend)
 
     def _choose(self, task: GraphTask, evaluations: list[Evaluation], best: Evaluation | None) -> tuple[Evaluation, str]:
         eager = evaluations[0]
@@ -282,13 +282,13 @@ class MeasuringStrategy(TuneStrategy):
         try:
             result = self._measure_backend(backend, task, plan, cancel)
         except ProfilingCancelledError:
-            _release(backend)
+            release_quietly(backend)
             raise
         if not result.measurements:
             row.status = INFER_FAILED
             row.error = f"could not be measured: {result.error}"
             row.measurements = result.to_dict()
-            _release(backend)
+            release_quietly(backend)
             raise CandidateFailedError(row)
         return backend, result
 
