@@ -15,8 +15,20 @@ def test_import_does_not_load_heavy_dependencies():
     code = (
         "import sys, torch_tweak; assert 'torch' not in sys.modules, 'torch_tweak imported torch';"
         "import torch_tweak.torch, torch_tweak.torch.backend;"
-        "bad = [m for m in ('openvino', 'torchao', 'onnxruntime', 'onnx', 'onnxscript') if m in sys.modules];"
+        "bad = [m for m in ('openvino', 'torchao', 'onnxruntime', 'onnx', 'onnxscript', 'nncf') if m in sys.modules];"
         "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_openvino_int8_configs_do_not_import_nncf():
+    """NNCF is imported only when a quantized candidate builds (not for configs, default variants or loading)."""
+    code = (
+        "import sys; import torch_tweak.torch;"
+        "from torch_tweak.torch.backend.openvino import OpenVINOBackend, OpenVINOBackendConfig, quantize;"
+        "variants = [b.describe() for b in OpenVINOBackend.default_variants()];"
+        "OpenVINOBackend(OpenVINOBackendConfig(quantization='int8')).describe();"
+        "assert 'nncf' not in sys.modules, 'nncf was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

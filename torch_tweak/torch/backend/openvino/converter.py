@@ -16,6 +16,8 @@ import json
 import logging
 import os
 import re
+import shutil
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -183,14 +185,53 @@ def save_ir(model: Any, ir_dir: Path, fp: str | None) -> Path:
     return xml
 
 
+def copy_ir(source: Path, ir_dir: Path, fp: str) -> Path | None:
+    """Copy the IR in ``source`` (saved with fingerprint ``fp``) into ``ir_dir``; None if it cannot be copied."""
+    if cached_ir(source, fp) is None:
+        return None
+    fp_file = ir_dir / FINGERPRINT_NAME
+    try:
+        secure_mkdir(ir_dir)
+        fp_file.unlink(missing_ok=True)
+        for name in (OV_MODEL_BIN_NAME, OV_MODEL_XML_NAME):
+            partial = ir_dir / f"{name}.partial"
+            shutil.copyfile(source / name, partial)
+            secure_file(partial)
+            os.replace(partial, ir_dir / name)
+        fp_file.write_text(json.dumps({"fingerprint": fp}), encoding="utf-8")
+        secure_file(fp_file)
+    except OSError as exc:
+        logger.debug("Could not copy the OpenVINO IR from %s to %s: %s", source, ir_dir, exc)
+        for path in (fp_file, *(ir_dir / f"{n}.partial" for n in (OV_MODEL_BIN_NAME, OV_MODEL_XML_NAME))):
+            path.unlink(missing_ok=True)
+        return None
+    return ir_dir / OV_MODEL_XML_NAME
+
+
 def convert(
-    module: nn.Module, graph_spec: GraphSpec, data: list[Sample], use_dynamo: bool, ir_dir: Path, config: dict[str, Any]
+    module: nn.Module, graph_spec: GraphSpec, data: list[Sample], use_dynamo: bool, ir_dir: Path, config: dict[str, Any],
+    transform: Callable[[Any], Any] | None = None, shared: Iterable[Path] = (),
 ) -> Path:
-    """Return the path of ``model.xml`` for ``module``'s graph, reusing a matching IR already in ``ir_dir``."""
+    """Return the path of ``model.xml`` for ``module``'s graph, reusing a matching IR already in ``ir_dir``, or
+    copying one with the same fingerprint from a ``shared`` folder (another candidate's, for the same graph).
+
+    ``config`` holds the settings the IR depends on (not those applied when compiling it, so that candidates
+    differing only in those share one conversion). ``transform`` (e.g. quantization) maps the converted
+    ``ov.Model`` to the one saved; whatever it depends on beyond the module, the graph and the settings (such as
+    calibration data) must be in ``config``, which is part of the fingerprint, so that an IR is reused only for
+    the same settings and inputs.
+    """
     fp = fingerprint(module, graph_spec, config)
     reused = cached_ir(ir_dir, fp)
     if reused is not None:
         logger.info("Reusing the OpenVINO IR in %s (same module weights, graph and config).", ir_dir)
         return reused
+    for source in shared if fp is not None else ():
+        copied = copy_ir(source, ir_dir, fp)
+        if copied is not None:
+            logger.info("Reusing the OpenVINO IR of %s (same module weights, graph and IR settings).", source)
+            return copied
     model = to_ov_model(module, graph_spec, data, use_dynamo)
+    if transform is not None:
+        model = transform(model)
     return save_ir(model, ir_dir, fp)

@@ -1,0 +1,176 @@
+"""INT8 post-training quantization of a converted OpenVINO model with NNCF, for quantized OpenVINO candidates.
+
+This module exists so that NNCF stays out of every path that does not build a quantized candidate: NNCF (with
+scipy and scikit-learn behind it) is imported inside :func:`quantize_model` only, and a checkpoint holding a
+quantized IR loads and runs with OpenVINO alone (the IR carries its quantization as ordinary operations).
+
+Two modes (``OpenVINOBackendConfig.quantization``):
+
+``"int8"``
+    activations and weights (``nncf.quantize``): NNCF inserts quantize/dequantize pairs that OpenVINO's CPU
+    plugin runs as int8 kernels (VNNI/AMX-INT8), with scales calibrated on the graph's recorded samples.
+``"int8_weights"``
+    weights only (``nncf.compress_weights``, INT8 asymmetric, per output channel): the weights of the matrix
+    multiplications and embeddings are stored as int8 and decompressed on the fly; activations keep the
+    device's precision. It saves memory and bandwidth on large linear layers, not arithmetic, so convolutions
+    keep float weights (decompressing them made ResNet-50 slower than bf16). Only the LATENCY hint is allowed:
+    OpenVINO 2026.4's CPU plugin computes compressed weights wrongly when it runs several streams (THROUGHPUT
+    hints), at random per compilation (relative error 1e2..1e7 or NaN on 1x1 convolutions and on linear layers
+    with <= 32 inputs; a model right at tuning could come back wrong when a checkpoint is loaded).
+
+Calibration and holdout: ``build`` receives the graph's recorded samples in recording order. With two or more,
+the last one is held out and calibration uses the others, so the strategy's fidelity check (which runs every
+recorded sample) includes an input calibration never saw; with one, calibration uses it (the check then only
+sees calibrated data). Each sample is flattened to the IR's inputs in :class:`GraphSpec` order, the order the
+converter gives the IR's parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from torch_tweak.errors import BackendUnavailableError, BuildError
+from torch_tweak.torch.module.spec import GraphSpec
+from torch_tweak.torch.module.tree import Sample, flatten_sample
+
+logger = logging.getLogger(__name__)
+
+INT8 = "int8"
+INT8_WEIGHTS = "int8_weights"
+QUANTIZATION_MODES = (INT8, INT8_WEIGHTS)
+#: Operation types that mark an attention block: the graph is quantized with NNCF's transformer rules.
+ATTENTION_OPS = frozenset({"Softmax", "ScaledDotProductAttention"})
+#: Operation types whose weights ``"int8_weights"`` leaves in float (see the module docstring).
+FLOAT_WEIGHT_OPS = ("Convolution", "GroupConvolution")
+_INT_WEIGHT_TYPES = frozenset({"u8", "i8"})
+
+
+def nncf_available() -> bool:
+    """True when ``nncf`` can be imported (looked up without importing it)."""
+    return importlib.util.find_spec("nncf") is not None
+
+
+def import_nncf() -> Any:
+    """Import and return ``nncf``, or raise :class:`BackendUnavailableError` saying what to install."""
+    try:
+        import nncf
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            "OpenVINOBackendConfig(quantization=...) needs the 'nncf' package, which is not installed. Install it "
+            "with: pip install torch-tweak[nncf]; or leave quantization=None."
+        ) from exc
+    return nncf
+
+
+def calibration_split(data: list[Sample]) -> tuple[list[Sample], list[Sample]]:
+    """``(calibration, holdout)``: all but the last recorded sample and the last one; with a single sample,
+    that sample calibrates and nothing is held out."""
+    samples = list(data)
+    if len(samples) < 2:
+        return samples, []
+    return samples[:-1], samples[-1:]
+
+
+def calibration_inputs(graph_spec: GraphSpec, samples: list[Sample]) -> list[tuple[np.ndarray, ...]]:
+    """Each sample's input tensors as numpy arrays, positionally in the IR's (= ``GraphSpec``'s) input order."""
+    items = []
+    for index, (args, kwargs) in enumerate(samples):
+        leaves, _ = flatten_sample(args, kwargs)
+        if len(leaves) != len(graph_spec.inputs):
+            raise BuildError(
+                f"Recorded sample {index} of graph {graph_spec.name!r} has {len(leaves)} input tensors, the graph "
+                f"{len(graph_spec.inputs)}; it cannot calibrate the quantized model. Tune again so that the samples "
+                "are recorded for this graph."
+            )
+        arrays = []
+        for leaf, spec in zip(leaves, graph_spec.inputs, strict=True):
+            if leaf.dtype == torch.bfloat16:
+                raise BuildError(
+                    f"{spec.locator}: bfloat16 inputs cannot be passed to OpenVINO through numpy, so they cannot "
+                    "calibrate an int8 model. Tune the module with float32 inputs."
+                )
+            arrays.append(np.ascontiguousarray(leaf.detach().cpu().numpy()))
+        items.append(tuple(arrays))
+    return items
+
+
+def calibration_digest(graph_spec: GraphSpec, data: list[Sample]) -> str:
+    """A hash of the calibration inputs, part of a quantized IR's fingerprint (other samples, other scales)."""
+    digest = hashlib.sha256()
+    for item in calibration_inputs(graph_spec, calibration_split(data)[0]):
+        for array in item:
+            digest.update(f"{array.dtype}:{array.shape};".encode())
+            digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def looks_like_transformer(model: Any) -> bool:
+    """True when the OpenVINO model contains attention (a Softmax or a fused ScaledDotProductAttention)."""
+    return any(op.get_type_name() in ATTENTION_OPS for op in model.get_ops())
+
+
+def quantize_model(model: Any, mode: str, graph_spec: GraphSpec, data: list[Sample], target_device: str) -> Any:
+    """Quantize the converted ``ov.Model`` of ``graph_spec`` in ``mode``; returns the quantized model.
+
+    Raises :class:`BuildError` (NNCF's error chained) when NNCF fails or quantizes no operation at all, so the
+    candidate becomes a failed row of the report rather than an fp32 model labelled int8.
+    """
+    nncf = import_nncf()
+    start = time.perf_counter()
+    if mode == INT8_WEIGHTS:
+        try:
+            keep_float = nncf.IgnoredScope(types=list(FLOAT_WEIGHT_OPS), validate=False)
+            quantized = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM, ignored_scope=keep_float)
+        except Exception as exc:
+            raise BuildError(f"NNCF could not compress the weights of graph {graph_spec.name!r} to int8: "
+                             f"{type(exc).__name__}: {exc}") from exc
+        compressed = sum(op.get_type_name() == "Constant" and op.get_element_type().to_string() in _INT_WEIGHT_TYPES
+                         for op in quantized.get_ops())
+        _require(compressed, "weights", graph_spec, "matrix multiplications or embeddings (convolutions stay float)",
+                 "quantization='int8' (activations and weights) or None")
+        logger.info("Graph %s: weights compressed to int8 (%d int8 constants with the zero points) in %.1fs.",
+                    graph_spec.name, compressed, time.perf_counter() - start)
+        return quantized
+    calibration, holdout = calibration_split(data)
+    if not calibration:
+        raise BuildError(f"Graph {graph_spec.name!r} has no recorded sample to calibrate int8 quantization with; "
+                         "tune with a dataset, or use quantization='int8_weights', which needs none.")
+    transformer = looks_like_transformer(model)
+    options: dict[str, Any] = {
+        "subset_size": len(calibration),
+        "fast_bias_correction": True,
+        "target_device": nncf.TargetDevice.GPU if target_device.startswith("GPU") else nncf.TargetDevice.CPU,
+        # symmetric activations where the graph is ReLU-like, asymmetric ones (MIXED) for transformers, whose
+        # GELU outputs and residual sums are far from symmetric
+        "preset": nncf.QuantizationPreset.MIXED if transformer else nncf.QuantizationPreset.PERFORMANCE,
+    }
+    if transformer:
+        options["model_type"] = nncf.ModelType.TRANSFORMER
+    dataset = nncf.Dataset(calibration_inputs(graph_spec, calibration))
+    try:
+        quantized = nncf.quantize(model, dataset, **options)
+    except Exception as exc:
+        raise BuildError(f"NNCF int8 quantization of graph {graph_spec.name!r} failed: {type(exc).__name__}: "
+                         f"{exc}") from exc
+    quantizers = sum(op.get_type_name() == "FakeQuantize" for op in quantized.get_ops())
+    _require(quantizers, "activations", graph_spec, "convolutions or matrix multiplications", "quantization=None")
+    logger.info("Graph %s: int8 with %d quantizers in %.1fs, calibrated on %d recorded sample(s)%s%s.",
+                graph_spec.name, quantizers, time.perf_counter() - start, len(calibration),
+                f", {len(holdout)} held out for the fidelity check" if holdout else "",
+                " (transformer rules)" if transformer else "")
+    return quantized
+
+
+def _require(count: int, what: str, graph_spec: GraphSpec, layers: str, fix: str) -> None:
+    if count == 0:
+        raise BuildError(
+            f"NNCF quantized no {what} of graph {graph_spec.name!r}: it has no {layers} NNCF can quantize, so an "
+            f"int8 candidate would run the float model. Use {fix} for this module."
+        )
