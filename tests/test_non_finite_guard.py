@@ -188,11 +188,13 @@ def test_guard_checks_every_floating_input_without_walking_plain_tensor_calls():
     assert [t is u for t, u in zip(call_tensors((a,), {"ids": ids}), [a, ids], strict=True)] == [True, True]
     assert call_tensors((a,), {}) is not None and call_tensors((a,), {})[0] is a
     assert [t is a for t in call_tensors(([a, None],), {"scale": 2.0})] == [True]  # nested: flattened once
-    assert all_finite([a, ids]) and all_finite([torch.zeros(0)])
+    large = torch.randn(4, 3, 64, 64, requires_grad=True)  # checked by numpy (torch's sum would wake its pool)
+    assert all_finite([a, ids, large, large.bfloat16()]) and all_finite([torch.zeros(0)])
     for value in (math.nan, math.inf, -math.inf):
-        assert not all_finite([ids, poisoned(a, value)])
-        assert not all_finite([poisoned(a, value).bfloat16()]) and not all_finite([poisoned(a, value).half()])
-    assert all_finite([torch.full((64, 64), 60000.0).half()])  # sums of 16-bit inputs do not overflow
+        for t in (a, large.detach(), large.detach()[:, :, ::2]):  # small, large, large and strided
+            for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+                assert not all_finite([ids, poisoned(t, value).to(dtype)]), (t.shape, dtype, value)
+    assert all_finite([torch.full((64, 64), 60000.0).half()])  # 16-bit inputs are summed in float32: no overflow
 
 
 def test_guard_round_trips_through_to_dict_and_from_dict(tmp_path):

@@ -8,10 +8,16 @@ graph costs more than the backend gains, and such inputs are rare, so a strategy
 wraps it in this guard: a call whose floating-point input tensors are all finite goes to the inner
 backend, any other call runs the wrapped module's original forward and gets exactly eager's result.
 
-The per-call test is one reduction per floating-point input: a sum is finite exactly when every element
-is, unless finite values overflow, which only costs a correct eager call. Measured on 2 cores of a Xeon
-with AVX-512: 4 µs for a batch-1 MLP input of 256 floats and 1-2 ms for a 32x3x224x224 batch, against
-18 µs and 20-30 ms for ``torch.isfinite(t).all()``, which writes a bool tensor before reducing it.
+The per-call test must be cheap, and must not wake torch's thread pool between calls of another runtime.
+Measured on 2 cores of a shared Xeon (AVX-512), per input tensor, for 1x256 / 32x3x32x32 / 32x3x224x224
+floats: ``torch.isfinite(t).all()`` 24 µs / 0.7 ms / 41 ms (it writes a bool tensor, then reduces it);
+``t.sum()`` (non-finite exactly when an element is, or when finite values overflow) 5 µs / 14 µs / 2.2 ms
+on one thread, but 6 µs / 0.36 ms / 20 ms on two, and next to OpenVINO calls it added 12 ms to a 5 ms
+call because torch's and OpenVINO's worker threads compete for the cores; numpy's single-threaded
+``isfinite(a).all()`` (exact) 6 µs / 36-53 µs / 3.8-4.1 ms and +0.6 ms next to OpenVINO. Torch reduces
+tensors of fewer than 32768 elements on the calling thread, so those are summed by torch (the cheapest);
+larger CPU tensors numpy can view (float16/32/64) are checked by numpy, the rest (bfloat16, other devices)
+summed by torch.
 
 Like :class:`~torch_tweak.torch.backend.batch_router.BatchRouterBackend` it is assembled from an already
 built backend, never built from a template, and its checkpoint state nests the inner backend's.
@@ -25,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -43,16 +50,22 @@ INNER = "inner"
 REASON = "reason"
 _MAX_REASON = 600
 _Tensor = torch.Tensor
-_WIDEN = (torch.float16, torch.bfloat16)  # summed in float32 so that a large finite batch does not overflow
+_INLINE = 32768  # torch reduces fewer elements on the calling thread (at::internal::GRAIN_SIZE): no pool wakes up
+_NUMPY = (torch.float32, torch.float64, torch.float16)  # dtypes numpy can view without a copy
+_WIDEN = (torch.float16, torch.bfloat16)  # summed in float32 so that a large finite input does not overflow
 
 
 def all_finite(tensors: Sequence[Any]) -> bool:
-    """False if a floating-point tensor of ``tensors`` holds NaN or inf (or finite values whose sum overflows)."""
+    """False if a floating-point tensor of ``tensors`` holds NaN or inf (for a tensor summed by torch, also when
+    finite values overflow the sum: such a call only runs eager)."""
     for t in tensors:
-        if isinstance(t, _Tensor) and t.is_floating_point():
-            total = t.sum(dtype=torch.float32) if t.dtype in _WIDEN else t.sum()
-            if not math.isfinite(total.item()):
+        if not isinstance(t, _Tensor) or not t.is_floating_point():
+            continue
+        if t.numel() >= _INLINE and t.is_cpu and t.dtype in _NUMPY and type(t) is _Tensor:
+            if not np.isfinite((t.detach() if t.requires_grad else t).numpy()).all():
                 return False
+        elif not math.isfinite((t.sum(dtype=torch.float32) if t.dtype in _WIDEN else t.sum()).item()):
+            return False
     return True
 
 
@@ -153,8 +166,8 @@ class NonFiniteGuardBackend(Backend):
             return self._inner.infer(*args, **kwargs)
         if self.diverted_calls == 0 and not self._quiet:
             logger.warning(
-                "Graph %s: a call has NaN or inf in its floating-point inputs (or finite values whose sum overflows), "
-                "so it runs the module's original code instead of %s, which does not propagate NaN/inf as eager does%s. "
+                "Graph %s: a call has NaN or inf in its floating-point inputs, so it runs the module's original code "
+                "instead of %s, which does not propagate NaN/inf as eager does%s. "
                 "Such calls are served this way from now on without further warnings.",
                 self._graph_spec.name, self._inner.describe(), f" ({self.reason})" if self.reason else "",
             )
