@@ -137,8 +137,11 @@ def test_fresh_process_pipeline_with_openvino_and_eager(tmp_path):
     from torch_tweak.torch.backend import OpenVINOBackend, OpenVINOBackendConfig
 
     pipe = ToyPipeline()
+    # OpenVINO alone, so that its weights can leave the module: without the NaN probe, whose failure on this
+    # ReLU CNN would put it behind the non-finite guard (tests/test_non_finite_guard.py saves and loads that)
     pipe.encoder = tt.Module(pipe.encoder, name="encoder", strategy=tt.OneBackendStrategy(
-        OpenVINOBackend(OpenVINOBackendConfig(inference_precision="f32"))))
+        OpenVINOBackend(OpenVINOBackendConfig(inference_precision="f32")),
+        fidelity=tt.FidelityConfig(check_non_finite=False)))
     pipe.heads["score"] = tt.Module(pipe.heads["score"], name="score", strategy=eager())
     pipe.stages[0] = tt.Module(pipe.stages[0], name="stage", strategy=eager())
     tt.tune(pipe, [torch.randn(3, 8, 8) for _ in range(2)])
