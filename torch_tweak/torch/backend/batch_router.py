@@ -91,8 +91,8 @@ class BatchRouterBackend(Backend):
         return list(self._routes)
 
     def components(self) -> list[Backend]:
-        """The router and every route's backend."""
-        return [self, *self._backends]
+        """The router and every route's backend, with what those delegate to (e.g. a guard's inner backend)."""
+        return [self, *(c for backend in self._backends for c in backend.components())]
 
     @property
     def executed_precision(self) -> str:
