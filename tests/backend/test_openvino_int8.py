@@ -6,7 +6,6 @@ Tiny models only: each tune takes seconds. Skipped without openvino or nncf.
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +23,7 @@ from toy_models import cnn as toy_cnn  # noqa: E402
 import torch_tweak.torch as tt  # noqa: E402
 from torch_tweak.errors import BackendUnavailableError, ConfigError  # noqa: E402
 from torch_tweak.torch.backend import OpenVINOBackend, OpenVINOBackendConfig  # noqa: E402
-from torch_tweak.torch.backend.openvino import openvino_backend, quantize  # noqa: E402
-from torch_tweak.torch.backend.openvino.converter import import_openvino  # noqa: E402
+from torch_tweak.torch.backend.openvino import converter, openvino_backend, quantize  # noqa: E402
 from torch_tweak.torch.module.recording import record  # noqa: E402
 from torch_tweak.torch.report.report import CandidateStatus  # noqa: E402
 
@@ -89,7 +87,7 @@ def openvino_of(model: tt.Module) -> OpenVINOBackend:
 
 def op_types(xml: Path) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for op in import_openvino().Core().read_model(str(xml)).get_ops():
+    for op in converter.import_openvino().Core().read_model(str(xml)).get_ops():
         name = op.get_type_name()
         if name == "Constant" and op.get_element_type().to_string() in ("u8", "i8"):
             name = "Int8Constant"
@@ -207,7 +205,7 @@ def test_int8_candidates_build_and_pass(kind: str, mode: str) -> None:
         assert ops.get("FakeQuantize", 0) >= 2
     else:  # the linear layers' weights; convolutions keep theirs in float
         assert ops.get("Int8Constant", 0) >= (2 if kind == "mlp" else 1) and "FakeQuantize" not in ops
-        ir = import_openvino().Core().read_model(str(openvino_of(model)._ov_model_xml))
+        ir = converter.import_openvino().Core().read_model(str(openvino_of(model)._ov_model_xml))
         for op in ir.get_ops():
             if op.get_type_name() == "Convolution":
                 assert op.input_value(1).get_node().get_element_type().to_string() == "f32"
@@ -237,39 +235,20 @@ def test_int8_weights_without_linear_layers_is_a_build_failure_row() -> None:
 # IR reuse --------------------------------------------------------------------------------------------------------
 
 
-class Messages(logging.Handler):
-    """Collects the messages of one logger (works with pytest's logging plugin disabled)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(logging.INFO)
-        self.messages: list[str] = []
-        self.logger = logging.getLogger(name)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-    def __enter__(self) -> Messages:
-        self.level_before = self.logger.level
-        self.logger.addHandler(self)
-        self.logger.setLevel(logging.INFO)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.logger.removeHandler(self)
-        self.logger.setLevel(self.level_before)
-
-
-def test_ir_is_reused_only_for_the_same_quantization_and_calibration(tmp_path: Path) -> None:
-    model = mlp()
+def test_ir_is_reused_only_for_the_same_quantization_and_calibration(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    model, conversions = mlp(), []
+    original = converter.to_ov_model
+    monkeypatch.setattr(converter, "to_ov_model", lambda *a, **k: conversions.append(1) or original(*a, **k))
 
     def build(mode: str | None, seed: int) -> tuple[dict[str, int], bool]:
         """Build in one folder for every config; returns the IR's operations and whether it was reused."""
         torch.manual_seed(seed)
         ((spec, samples),) = record(model, [(b, ((torch.randn(b, 32),), {})) for b in (1, 2, 4)])
         backend = OpenVINOBackend(OpenVINOBackendConfig(quantization=mode))
-        with Messages("torch_tweak.torch.backend.openvino.converter") as log:
-            backend.build(model, spec, [s.sample for s in samples], CPU, tmp_path)
-        return op_types(backend._ov_model_xml), any(m.startswith("Reusing the OpenVINO IR") for m in log.messages)
+        before = len(conversions)
+        backend.build(model, spec, [s.sample for s in samples], CPU, tmp_path)
+        return op_types(backend._ov_model_xml), len(conversions) == before
 
     ops, reused = build(None, 0)
     assert "FakeQuantize" not in ops and "Int8Constant" not in ops and not reused
@@ -285,11 +264,12 @@ def test_ir_is_reused_only_for_the_same_quantization_and_calibration(tmp_path: P
     assert "FakeQuantize" not in ops and "Int8Constant" not in ops and not reused
 
 
-def test_latency_and_throughput_int8_candidates_share_one_calibration(tmp_path: Path,
+def test_candidates_share_one_conversion_and_one_calibration(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
-    original = nncf.quantize
+    calls, conversions = [], []
+    original, convert = nncf.quantize, converter.to_ov_model
     monkeypatch.setattr(nncf, "quantize", lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
+    monkeypatch.setattr(converter, "to_ov_model", lambda *a, **k: conversions.append(1) or convert(*a, **k))
     model = mlp()
     ((spec, samples),) = record(model, [(b, ((torch.randn(b, 32),), {})) for b in (1, 2, 4)])
     built = {}
@@ -297,6 +277,7 @@ def test_latency_and_throughput_int8_candidates_share_one_calibration(tmp_path: 
         backend = OpenVINOBackend(OpenVINOBackendConfig(performance_hint=hint, quantization=mode))
         backend.build(model, spec, [s.sample for s in samples], CPU, tmp_path / backend.key())  # as strategies do
         built[hint, mode] = backend
+    assert len(conversions) == 1  # the int8 candidate quantized the float candidate's IR
     assert len(calls) == 1  # the THROUGHPUT candidate copied the IR calibrated for the LATENCY one
     latency, throughput = (built[hint, "int8"]._ov_model_xml for hint in ("LATENCY", "THROUGHPUT"))
     assert latency.parent != throughput.parent and latency.read_bytes() == throughput.read_bytes()

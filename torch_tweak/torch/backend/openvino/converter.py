@@ -210,7 +210,7 @@ def copy_ir(source: Path, ir_dir: Path, fp: str) -> Path | None:
 
 def convert(
     module: nn.Module, graph_spec: GraphSpec, data: list[Sample], use_dynamo: bool, ir_dir: Path, config: dict[str, Any],
-    transform: Callable[[Any], Any] | None = None, shared: Iterable[Path] = (),
+    transform: Callable[[Any], Any] | None = None, shared: Iterable[Path] = (), base_config: dict[str, Any] | None = None,
 ) -> Path:
     """Return the path of ``model.xml`` for ``module``'s graph, reusing a matching IR already in ``ir_dir``, or
     copying one with the same fingerprint from a ``shared`` folder (another candidate's, for the same graph).
@@ -219,7 +219,8 @@ def convert(
     differing only in those share one conversion). ``transform`` (e.g. quantization) maps the converted
     ``ov.Model`` to the one saved; whatever it depends on beyond the module, the graph and the settings (such as
     calibration data) must be in ``config``, which is part of the fingerprint, so that an IR is reused only for
-    the same settings and inputs.
+    the same settings and inputs. It starts from the untransformed IR of ``base_config`` when a ``shared`` folder
+    holds one (a float candidate's), instead of converting the module again.
     """
     fp = fingerprint(module, graph_spec, config)
     reused = cached_ir(ir_dir, fp)
@@ -231,7 +232,27 @@ def convert(
         if copied is not None:
             logger.info("Reusing the OpenVINO IR of %s (same module weights, graph and IR settings).", source)
             return copied
-    model = to_ov_model(module, graph_spec, data, use_dynamo)
+    model = None
+    if transform is not None and base_config is not None:
+        model = _read_base(fingerprint(module, graph_spec, base_config), shared)
+    if model is None:
+        model = to_ov_model(module, graph_spec, data, use_dynamo)
     if transform is not None:
         model = transform(model)
     return save_ir(model, ir_dir, fp)
+
+
+def _read_base(fp: str | None, shared: Iterable[Path]) -> Any:
+    """The ``ov.Model`` saved with fingerprint ``fp`` in one of the ``shared`` folders, or None."""
+    for source in shared if fp is not None else ():
+        xml = cached_ir(source, fp)
+        if xml is None:
+            continue
+        try:
+            model = import_openvino().Core().read_model(str(xml))
+        except Exception as exc:  # noqa: BLE001 - a damaged IR of another candidate: convert instead
+            logger.debug("Could not read the OpenVINO IR %s: %s", xml, exc)
+            continue
+        logger.info("Starting from the OpenVINO IR of %s (same module weights and graph).", source)
+        return model
+    return None
