@@ -153,6 +153,67 @@ def run_workload(driver: Driver, workload: str, systems: list[System]) -> dict[s
     return results
 
 
+def add_systems(args: argparse.Namespace, mode: Mode, systems: list[System], loads: list[dict[str, str]],
+                start: float) -> None:
+    """Run ``systems`` on the workloads of the mode's existing result file, in that run's folder, and add their
+    records to the file (a system already there is replaced); the additions are listed in the tables' header."""
+    path = args.out_dir / f"peers_{mode.name}.json"
+    old = json.loads(path.read_text())
+    workloads = [w for w in old["records"] if w in args.workloads.split(",")]
+    for workload in workloads:
+        eager = RUN_DIR / "records" / f"eager_{workload}_tune.json"
+        same = eager.is_file() and json.loads(eager.read_text()).get("started") == \
+            old["records"][workload]["eager"]["tune"].get("started")
+        if not same or not (RUN_DIR / f"{workload}.ref.pt").is_file():
+            raise SystemExit(f"{RUN_DIR} no longer holds the run behind {path} (workload {workload}); run it anew")
+    python: dict[str, Path | None] = {}
+    env_errors: dict[str, str] = {}
+    for name in sorted({s.env for s in systems if s.env}):
+        env = envs.ensure(name)
+        python[name] = env.python
+        if env.error:
+            env_errors[name] = env.error
+    driver = Driver(mode, python, env_errors)
+    log(f"adding {', '.join(s.key for s in systems)} to {path.name} ({', '.join(workloads)}); {loads[0]['uptime']}")
+    for workload in workloads:
+        uptime(f"before {workload}", loads)
+        entries = old["records"][workload]
+        batches = mode.batches[workload]
+        for system in systems:
+            if system.key in mode.skip.get(workload, ()):
+                continue
+            if system.key == "tt_loaded":
+                if not entries.get("tt", {}).get("tune", {}).get("ok"):
+                    continue
+                record = driver.run(system, workload, "load", batches)
+                entries["tt_loaded"] = {"tune": record, "loads": []}
+                tt_loads = entries["tt"].setdefault("loads", [])
+                first = next((i for i, r in enumerate(tt_loads) if r.get("system") == "tt_loaded"), None)
+                if first is None:
+                    tt_loads.append(record)
+                else:
+                    tt_loads[first] = record
+                continue
+            entries[system.key] = {"tune": driver.run(system, workload, "tune", batches), "loads": []}
+            if system.load and entries[system.key]["tune"].get("ok"):
+                for i in range(mode.load_reps):
+                    entries[system.key]["loads"].append(driver.run(system, workload, "load", [], tag=f"_{i}"))
+        old["records"][workload] = {s.key: entries[s.key] for s in SYSTEMS if s.key in entries}
+    uptime("end", loads)
+    meta = old["meta"]
+    if any(s.key == "tt_task" for s in systems) and meta.get("tt_task_metric"):
+        meta["tt_task_metric"]["included"] = True
+    meta.setdefault("additions", []).append({
+        "command": " ".join(["python", "benchmarks/peers.py", *sys.argv[1:]]), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "wall_s": time.perf_counter() - start, "systems": [s.key for s in systems], "workloads": workloads,
+        "uptime": loads, "processes": driver.processes})
+    data = report.assemble(meta, mode, old["dispatch"], old["records"])
+    path.write_text(json.dumps(data, indent=1, default=str))
+    path.with_suffix(".md").write_text(report.markdown(data))
+    print(report.markdown(data))
+    log(f"done in {time.perf_counter() - start:.0f} s: {path}, {path.with_suffix('.md')}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group()
@@ -168,6 +229,9 @@ def main() -> None:
     parser.add_argument("--from-json", type=Path, help="only rewrite the Markdown of an earlier run's JSON")
     parser.add_argument("--merge", action="store_true",
                         help="keep the other workloads of the mode's existing result file (re-measure a subset)")
+    parser.add_argument("--add", action="store_true",
+                        help="add (or redo) the given --systems in the mode's existing result file, reusing that run's "
+                             "weights, inputs and eager references (benchmarks/.peer_envs/run must still be that run's)")
     args = parser.parse_args()
     if args.from_json:
         old = json.loads(args.from_json.read_text())
@@ -192,6 +256,9 @@ def main() -> None:
     wanted = sorted((BY_KEY[k] for k in keys), key=SYSTEMS.index)
     if "eager" not in [s.key for s in wanted]:
         wanted.insert(0, BY_KEY["eager"])
+    if args.add:
+        add_systems(args, mode, [s for s in wanted if s.key != "eager" or "eager" in keys], loads, start)
+        return
     log(f"mode {mode.name}; workloads {args.workloads}; {os.cpu_count()} CPUs; {loads[0]['uptime']}")
     log(f"row 'tt.tune with the task metric': {'included' if task_row['included'] else 'left out'} "
         f"(--tt-task-metric {args.tt_task_metric}; {signature})")

@@ -295,6 +295,12 @@ def markdown(data: dict[str, Any]) -> str:
              f"ONNX Runtime {v.get('onnxruntime', '?')}, NNCF {v.get('nncf', '?')}, AITune 0.6.0, Model Navigator "
              f"0.14.0; {meta['wall_s'] / 60:.1f} min wall. Load average during the measurements {_load_range(rows)}.",
              ""]
+    for added in meta.get("additions", []):
+        rows_of = ", ".join(BY_KEY[k].title for k in added["systems"])
+        lines += [f"Added afterwards by `{added['command']}` on {added['date']} ({added['wall_s'] / 60:.1f} min wall, "
+                  f"same weights, inputs and eager references): {rows_of}. Load then: "
+                  + "; ".join(f"{u['when']} `{u['uptime'].split('load average: ')[-1]}`" for u in added["uptime"])
+                  + ".", ""]
     if meta.get("isa"):
         lines += [f"CPU ISA flags (vector and matrix): {' '.join(meta['isa'])}.", ""]
     if meta.get("uptime"):

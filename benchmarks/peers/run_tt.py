@@ -9,7 +9,8 @@ strategy's default fidelity check; ``tt_task`` passes the workload's task bound 
 ``FidelityConfig(metric=..., threshold=..., k=...)`` (needs a torch_tweak whose ``FidelityConfig``
 takes ``metric``; otherwise the row fails with that reason).
 ``load`` (system ``tt_loaded``): a fresh process builds the model with random weights, ``tt.load``s the
-checkpoint, runs one inference (timed from process start), then checks and times like ``tune``.
+checkpoint (``trust_native_code=True``: the run made it itself), runs one inference (timed from process
+start), then checks and times like ``tune``.
 ``dispatch``: the per-call cost of the ``tt.Module`` wrapper (eager backend) over calling the module.
 """
 
@@ -59,6 +60,13 @@ def _strategy(tt):
     settings = workloads.TASKS[workloads.WORKLOADS[args.workload].task].tt_fidelity
     record["fidelity_config"] = dict(settings)
     return tt.HighestThroughputStrategy(_candidates(), fidelity=tt.FidelityConfig(**settings))
+
+
+def _trust(tt) -> dict:
+    """``trust_native_code=True`` where ``tt.load`` asks for it (checkpoints with compiled machine code)."""
+    import inspect
+
+    return {"trust_native_code": True} if "trust_native_code" in inspect.signature(tt.load).parameters else {}
 
 
 def _measure(torch, model, inputs: dict) -> None:
@@ -120,7 +128,8 @@ def load() -> None:
     record["build_s"] = time.perf_counter() - t0
     inputs = workloads.load_inputs(args.run_dir, args.workload)
     t0 = time.perf_counter()
-    loaded = tt.load(model, args.artifact / "model.tt")
+    # the checkpoint was made by this run's own tune process, so its native code (Inductor AOT) is trusted
+    loaded = tt.load(model, args.artifact / "model.tt", **_trust(tt))
     with torch.no_grad():
         loaded(inputs["1"])
     record["load_s"] = time.perf_counter() - t0
