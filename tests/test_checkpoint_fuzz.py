@@ -198,6 +198,15 @@ def _locations(value, path=()):
             yield from _locations(item, (*path, index))
 
 
+def _attempt_resigned(case: Case, manifest: dict) -> None:
+    """Load ``case``'s checkpoint with ``manifest``, file table and sums rewritten as an attacker would."""
+    content = resign(dict(case.content), manifest)
+    raw = _build_zip([(zipfile.ZipInfo(n), d) for n, d in content.items()])
+    sums_file = case.path.with_name("resigned.tt")
+    write_sums(sums_file, content)
+    case.attempt(raw, archive.sums_path(sums_file).read_bytes(), resigned=True)
+
+
 @pytest.mark.filterwarnings("ignore::torch_tweak.torch.checkpoint.CheckpointWarning")
 @settings(FUZZ, max_examples=400)
 @given(data=st.data())
@@ -214,11 +223,7 @@ def test_resigned_manifest_edits(case, data):
         else:
             parent[where[-1]] = data.draw(JSON)
         locations = [p for p in _locations(manifest) if p and p[0] != "files"]
-    content = resign(dict(case.content), manifest)
-    raw = _build_zip([(zipfile.ZipInfo(n), d) for n, d in content.items()])
-    sums_file = case.path.with_name("resigned.tt")
-    write_sums(sums_file, content)
-    case.attempt(raw, archive.sums_path(sums_file).read_bytes(), resigned=True)
+    _attempt_resigned(case, manifest)
 
 
 _MARKER = Path(tempfile.gettempdir()) / "torch_tweak_fuzz_attack_ran"
@@ -250,9 +255,5 @@ def test_resigned_manifest_attack_values(case, data):
             parent = parent[step]
         parent[where[-1]] = copy.deepcopy(data.draw(ATTACKS))
         locations = [p for p in _locations(manifest) if p and p[0] != "files"]
-    content = resign(dict(case.content), manifest)
-    raw = _build_zip([(zipfile.ZipInfo(n), d) for n, d in content.items()])
-    sums_file = case.path.with_name("resigned.tt")
-    write_sums(sums_file, content)
-    case.attempt(raw, archive.sums_path(sums_file).read_bytes(), resigned=True)
+    _attempt_resigned(case, manifest)
     assert not _MARKER.exists()
