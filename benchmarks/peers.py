@@ -1,6 +1,6 @@
 """torch_tweak against the tools users would pick instead, in one run on this machine, with the same inputs.
 
-    python benchmarks/peers.py --quick    # ~15 min on a quiet machine: all systems on the MLP; CNNs, encoder at batch 1
+    python benchmarks/peers.py --quick    # ~25 min on a quiet machine: all systems on the MLP; CNNs, encoder at batch 1
     python benchmarks/peers.py --full     # every workload and batch size, fresh compiler caches, more repetitions
 
 Systems: eager PyTorch; ``torch.compile`` (Inductor); ``torch.compile(backend="openvino")``; OpenVINO set up by

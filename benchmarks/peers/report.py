@@ -188,8 +188,9 @@ def _summary_table(entries: list[dict[str, Any]], rows: list[dict[str, Any]]) ->
             row = next(r for r in rows if r["workload"] == workload and r["system"] == key and r["ok"])
             bound = ("task metric not measured" if mine["task"] is None else "within the bound" if mine["within"]
                      else "**outside the bound**")
+            in_bound = _ratio(mine.get("x_in_bound"))
             cells += [f"{_rate(mine['throughput'])} ({_task_cell(workload, row['task'])}, {bound})",
-                      _ratio(mine.get("x_best")), f"**{_ratio(mine.get('x_in_bound'))}**"]
+                      _ratio(mine.get("x_best")), f"**{in_bound}**" if mine["within"] else f"{in_bound} (outside)"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
