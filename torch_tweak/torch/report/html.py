@@ -20,7 +20,7 @@ from torch_tweak.torch.report.metrics import (
     format_throughput,
     graph_metrics,
 )
-from torch_tweak.torch.report.report import ModuleStatus
+from torch_tweak.torch.report.status import ModuleStatus
 
 logger = logging.getLogger(__name__)
 

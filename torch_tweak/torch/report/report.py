@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -16,39 +15,13 @@ from torch_tweak.torch.report.metrics import (
     format_throughput,
     graph_metrics,
 )
+from torch_tweak.torch.report.status import CandidateStatus, ModuleStatus
 from torch_tweak.utils.permissions import open_secure
 from torch_tweak.utils.table import format_table
 
 # 2: structured environment block and creation time.
 SCHEMA_VERSION = 2
 
-
-
-class CandidateStatus(str, enum.Enum):
-    """What happened to a candidate (a ``str``: it compares equal to, and serializes as, its value)."""
-
-    __str__ = str.__str__  # prints and formats as its value, like the plain string it replaces
-    __format__ = str.__format__
-
-    PENDING = "pending"
-    CHOSEN = "chosen"
-    PASSED = "passed"
-    BUILD_FAILED = "build_failed"
-    INFER_FAILED = "infer_failed"
-    REJECTED = "rejected"
-    TIMEOUT = "timeout"
-
-
-class ModuleStatus(str, enum.Enum):
-    """What tuning did with a module (a ``str``, like :class:`CandidateStatus`)."""
-
-    __str__ = str.__str__
-    __format__ = str.__format__
-
-    PENDING = "pending"
-    TUNED = "tuned"
-    PASSTHROUGH = "passthrough"
-    DRY_RUN = "dry_run"
 
 
 CHOSEN, PASSED, REJECTED = CandidateStatus.CHOSEN, CandidateStatus.PASSED, CandidateStatus.REJECTED
