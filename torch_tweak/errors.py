@@ -15,6 +15,7 @@ exception that the documented contract names, so ``except RuntimeError`` keeps w
     ├── FidelityError (ValueError)            a candidate's outputs differ from eager outputs
     ├── TuningError (RuntimeError)            no candidate passed, or nothing was recorded
     ├── SignatureMismatchError (RuntimeError) a tuned module was called with inputs no graph matches
+    ├── ReleasedWeightError (RuntimeError)    the values of a weight released after tuning were needed
     └── CheckpointError (ValueError)          a checkpoint is missing, tampered or incompatible
 
 Third-party exceptions are wrapped at the backend boundary with ``raise ... from exc``.
@@ -75,6 +76,10 @@ class SignatureMismatchError(TorchTweakError, RuntimeError):
     """A tuned module was called with inputs that match none of its tuned graphs."""
 
 
+class ReleasedWeightError(TorchTweakError, RuntimeError):
+    """An operation needed the values of a weight that was released after tuning (no backend needed it)."""
+
+
 class CheckpointError(TorchTweakError, ValueError):
     """A checkpoint is missing, tampered with, truncated or incompatible."""
 
@@ -88,6 +93,7 @@ __all__ = [
     "ConversionError",
     "DatasetError",
     "FidelityError",
+    "ReleasedWeightError",
     "SignatureMismatchError",
     "TorchTweakError",
     "TuningError",

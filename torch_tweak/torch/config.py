@@ -25,6 +25,7 @@ from torch_tweak.utils.validate import check_bool, check_int
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 UNKNOWN_SIGNATURE_POLICIES = ("error", "passthrough")
+DEVICES_AFTER_TUNING = ("release", "meta", "cpu")
 
 
 def _env_bool(name: str, default: bool | None) -> bool | None:
@@ -55,8 +56,16 @@ class TorchTweakConfig:
             ``scale=2.0`` are different graphs). With False only the structure and tensor ranks count.
         max_num_samples_stored: recorded input samples (with their eager outputs) kept per graph; they
             feed builds, the fidelity check and profiling, and are never written to disk.
-        device_after_tuning: where a wrapped module's own weights go when no chosen backend needs them
-            (``"meta"`` frees the memory; None keeps them where they are).
+        max_num_calibration_samples: further recorded calls kept per graph when its strategy has a quantized
+            candidate or judges by a task metric: written to the tuning work folder (never held in RAM) and
+            deleted when tuning ends; three quarters calibrate quantized candidates, the other quarter is held
+            out for the fidelity check of every candidate (see :mod:`torch_tweak.torch.module.sample_store`).
+            0 records no extra call.
+        device_after_tuning: what happens to a wrapped module's own weights when no chosen backend needs them:
+            ``"release"`` frees their memory while every parameter keeps its device, dtype and shape (so
+            ``model.device``/``pipe.dtype`` answer as before tuning; using the values raises
+            ``ReleasedWeightError``), ``"meta"`` or ``"cpu"`` move them there (``"meta"`` also changes what
+            ``model.device`` reports), None keeps them.
         on_unknown_signature: what a tuned module does with inputs that match no tuned graph:
             ``"error"`` raises :class:`SignatureMismatchError`, ``"passthrough"`` runs the original
             module (only possible while its weights are still in memory).
@@ -69,7 +78,8 @@ class TorchTweakConfig:
     default_device: str = field(default_factory=lambda: os.environ.get("TORCH_TWEAK_DEVICE", "cpu"))
     strict_mode: bool = field(default_factory=lambda: bool(_env_bool("TORCH_TWEAK_STRICT_MODE", True)))
     max_num_samples_stored: int = 4
-    device_after_tuning: str | None = "meta"
+    max_num_calibration_samples: int = 128
+    device_after_tuning: str | None = "release"
     on_unknown_signature: str = "error"
     progress: bool | None = field(default_factory=lambda: _env_bool("TORCH_TWEAK_PROGRESS", None))
     llm_phase_detection: bool = True
@@ -97,13 +107,16 @@ def _validate(name: str, value: Any) -> Any:
         return check_bool(value, "tt.config.progress (None: automatic)", allow_none=True)
     if name == "max_num_samples_stored":
         return check_int(value, "tt.config.max_num_samples_stored", minimum=1)
+    if name == "max_num_calibration_samples":
+        return check_int(value, "tt.config.max_num_calibration_samples", minimum=0, maximum=100_000)
     if name == "default_device":
         from torch_tweak.torch._device import normalize_device_string
 
         return normalize_device_string(value)
     if name == "device_after_tuning":
-        if value is not None and value not in ("meta", "cpu"):
-            raise ConfigError(f"tt.config.device_after_tuning must be 'meta', 'cpu' or None, got {value!r}.")
+        if value is not None and value not in DEVICES_AFTER_TUNING:
+            raise ConfigError(f"tt.config.device_after_tuning must be one of {DEVICES_AFTER_TUNING} or None, got "
+                              f"{value!r}. 'release' frees the weights' memory and keeps their device and dtype.")
         return value
     if name == "on_unknown_signature":
         if value not in UNKNOWN_SIGNATURE_POLICIES:

@@ -23,6 +23,7 @@ from torch import nn
 from torch_tweak.torch.backend.torch_inductor import clone_sample
 from torch_tweak.torch.module.forward import original_forward
 from torch_tweak.torch.module.recording import RecordedSample
+from torch_tweak.torch.module.released import has_values
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample, flatten, flatten_sample
 
@@ -202,7 +203,7 @@ def guarded_probes(bare: Sequence[NonFiniteProbe], through: Sequence[NonFinitePr
 @contextlib.contextmanager
 def _buffers_restored(module: nn.Module) -> Iterator[None]:
     """Put ``module``'s floating-point buffers back to their current values when the block ends."""
-    saved = [(b, b.detach().clone()) for b in module.buffers() if b.is_floating_point() and b.device.type != "meta"]
+    saved = [(b, b.detach().clone()) for b in module.buffers() if b.is_floating_point() and has_values(b)]
     try:
         yield
     finally:

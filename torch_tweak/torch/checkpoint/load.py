@@ -143,8 +143,9 @@ def _prepare(plan: _Plan, archive: VerifiedArchive, root: Path) -> None:
     covered = set(plan.weights or ())
     on_meta = weights.meta_tensors(plan.inner, plan.nested, covered)
     if on_meta and (plan.fallback is not None or any(c.requires_original_module for c in plan.classes)):
-        raise CheckpointError(f"Module {entry.name!r} has tensors on the meta device ({on_meta[:3]}) that the "
-                              "checkpoint does not hold; build the model with its real weights before tt.load.")
+        raise CheckpointError(f"Module {entry.name!r} has tensors without data ({on_meta[:3]}: on the meta device or "
+                              "released after tuning) that the checkpoint does not hold; build the model with its "
+                              "real weights before tt.load.")
     if plan.fallback is not None:
         return
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import CheckpointError
+from torch_tweak.torch.module.released import has_values
 from torch_tweak.torch.module.tree import dtype_name
 
 WEIGHT_PREFIX = "module."
@@ -46,9 +47,10 @@ def pack(tensors: dict[str, torch.Tensor], where: str) -> tuple[dict[str, torch.
         if id(tensor) in by_object:
             aliases[name] = by_object[id(tensor)]
             continue
-        if tensor.is_meta:
-            raise CheckpointError(f"{where}: the tensor {name!r} is on the meta device and has no data to store. "
-                                  "Keep the weights (tt.config.device_after_tuning = None) when a backend needs them.")
+        if not has_values(tensor):
+            raise CheckpointError(f"{where}: the tensor {name!r} has no data to store (it is on the meta device or was "
+                                  "released after tuning). Keep the weights (tt.config.device_after_tuning = None) "
+                                  "when a backend needs them.")
         data = tensor.detach().to("cpu")
         pointer = data.untyped_storage().data_ptr()
         if pointer in storages or not data.is_contiguous() or data.storage_offset():
@@ -148,5 +150,5 @@ def restore(module: nn.Module, previous: dict[str, torch.Tensor]) -> None:
 
 
 def meta_tensors(module: nn.Module, nested: list[str], covered: set[str]) -> list[str]:
-    """Names of ``module``'s tensors that are on the meta device and not in ``covered``."""
-    return [n for n, t in own_tensors(module, nested).items() if t.is_meta and n not in covered]
+    """Names of ``module``'s tensors without data (meta device or released) and not in ``covered``."""
+    return [n for n, t in own_tensors(module, nested).items() if not has_values(t) and n not in covered]

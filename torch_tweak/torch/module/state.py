@@ -22,7 +22,9 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import TuningError
-from torch_tweak.torch.module.recording import GraphRecorder, Recorder
+from torch_tweak.torch.module import released
+from torch_tweak.torch.module.forward import is_intercepted
+from torch_tweak.torch.module.recording import GraphRecorder, Recorder, StoreFactory
 from torch_tweak.torch.module.spec import GraphSpec
 
 logger = logging.getLogger(__name__)
@@ -79,9 +81,11 @@ class ModuleInternals:
             )
         return list(recorder.graphs.values())
 
-    def start_recording(self, session_id: int, strict: bool, max_samples: int, phases: bool) -> Recorder:
-        """A new recorder for the tuning session ``session_id`` (RECORDING)."""
-        self.recorder = Recorder(strict, max_samples, phases)
+    def start_recording(self, session_id: int, strict: bool, max_samples: int, phases: bool,
+                        stores: StoreFactory | None = None) -> Recorder:
+        """A new recorder for the tuning session ``session_id`` (RECORDING); ``stores`` gives a graph the on-disk
+        store of its extra calls (see :mod:`~torch_tweak.torch.module.sample_store`)."""
+        self.recorder = Recorder(strict, max_samples, phases, stores)
         self.session_id = session_id
         self.status = ModuleState.RECORDING
         return self.recorder
@@ -108,13 +112,18 @@ class ModuleInternals:
         return [g.backend for g in self.graphs]
 
     def offload_weights(self, device: str | torch.device | None) -> bool:
-        """Move the wrapped module's own tensors to ``device`` (``tt.config.device_after_tuning``) when no chosen
-        backend needs them; None keeps them. Returns whether they moved."""
+        """Release the wrapped module's own tensors (``"release"``, see :mod:`.released`) or move them to
+        ``device`` (``tt.config.device_after_tuning``) when no chosen backend needs them; None keeps them.
+        Submodules with a ``tt.Module`` of their own keep theirs. Returns whether anything changed."""
         if device is None or not self.graphs or any(b.requires_original_module for b in self.backends()):
             return False
-        self.module.to(device)
+        if device == "release":
+            count = released.release(self.module, self.name, keep=is_intercepted)
+            logger.info("Module %s: released %d original tensor(s) (no chosen backend needs them)", self.name, count)
+        else:
+            self.module.to(device)
+            logger.info("Module %s: original weights moved to %s (no chosen backend needs them)", self.name, device)
         self.offloaded = True
-        logger.info("Module %s: original weights moved to %s (no chosen backend needs them)", self.name, device)
         return True
 
     # checkpoints -------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from torch import nn
 from torch_tweak.errors import BackendUnavailableError, ConversionError
 from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
 from torch_tweak.torch.module.forward import pristine
+from torch_tweak.torch.module.released import has_values
 from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
 from torch_tweak.torch.module.tree import Sample
 from torch_tweak.utils.permissions import secure_file, secure_mkdir
@@ -143,7 +144,7 @@ def fingerprint(module: nn.Module, graph_spec: GraphSpec, config: dict[str, Any]
         return None
     for name, tensor in module.state_dict().items():
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
-        if tensor.device.type == "meta":
+        if not has_values(tensor):
             return None
         flat = tensor.detach().cpu().contiguous().reshape(-1)
         digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
