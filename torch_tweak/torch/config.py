@@ -108,7 +108,7 @@ def _validate(name: str, value: Any) -> Any:
     if name == "max_num_samples_stored":
         return check_int(value, "tt.config.max_num_samples_stored", minimum=1)
     if name == "max_num_calibration_samples":
-        return check_int(value, "tt.config.max_num_calibration_samples", minimum=0, maximum=100_000)
+        return check_int(value, "tt.config.max_num_calibration_samples", minimum=0)
     if name == "default_device":
         from torch_tweak.torch._device import normalize_device_string
 

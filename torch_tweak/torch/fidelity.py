@@ -163,7 +163,9 @@ class FidelityConfig:
 class FidelityResult:
     """Outcome of one comparison, with the worst measured errors over all output tensors.
 
-    ``non_finite`` holds the non-finite probes (empty when they did not run).
+    ``non_finite`` holds the non-finite probes (empty when they did not run). ``samples`` is the number of
+    recorded calls judged and ``held_out_samples`` how many of them were held out from calibration (calls kept
+    on disk that neither calibrated a candidate nor were among the in-memory samples); the strategy sets both.
     """
 
     passed: bool
@@ -177,6 +179,8 @@ class FidelityResult:
     metric: str | None = None
     metric_value: float | None = None
     metric_higher_is_better: bool | None = None
+    samples: int = 0
+    held_out_samples: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (non-finite numbers become strings)."""
@@ -196,6 +200,8 @@ class FidelityResult:
             metric=self.metric or other.metric,
             metric_value=_worse(self.metric_value, other.metric_value, self.metric_higher_is_better),
             metric_higher_is_better=self.metric_higher_is_better,
+            samples=self.samples + other.samples,
+            held_out_samples=self.held_out_samples + other.held_out_samples,
         )
 
     def failed_probe(self) -> NonFiniteProbe | None:

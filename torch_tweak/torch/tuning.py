@@ -16,6 +16,7 @@ from torch_tweak.torch.cache import cache_folder, cache_root
 from torch_tweak.torch.cache import clear_cache as _clear_cache
 from torch_tweak.torch.config import config
 from torch_tweak.torch.dataset import dataset_items, iter_batches
+from torch_tweak.torch.module.sample_store import SampleStore
 from torch_tweak.torch.module.session import RecordingSession, recording
 from torch_tweak.torch.module.state import TunedGraph, internals
 from torch_tweak.torch.module.wrapper import Module, ModuleState, set_tuner
@@ -71,12 +72,25 @@ def tune(
         cache_root()  # refuse an unusable cache folder before recording, not once per module
 
     session = RecordingSession()
+    stores = None if dry_run else CallStores(config.max_num_calibration_samples)
+    session.stores = None if stores is None else stores.create
+    try:
+        return _record_and_tune(func, items, sizes, max_num_batches_per_batch_size, target, dry_run,
+                                ignore_failing_modules, session, start)
+    finally:
+        if stores is not None:
+            stores.remove()
+
+
+def _record_and_tune(func: Callable[..., Any], items: Any, sizes: list[int], max_batches: int | None,
+                     target: torch.device, dry_run: bool, ignore_failing_modules: bool, session: RecordingSession,
+                     start: float) -> TuningReport:
     progress.update(phase="record")
     with recording(session), torch.no_grad():
         for batch_size in sizes:
             session.batch_size = batch_size
             for count, (args, kwargs) in enumerate(iter_batches(items, batch_size)):
-                if max_num_batches_per_batch_size is not None and count >= max_num_batches_per_batch_size:
+                if max_batches is not None and count >= max_batches:
                     break
                 func(*args, **kwargs)
     modules: list[Module] = list(session.modules.values())
@@ -134,7 +148,7 @@ def tune_module(
             graph_report = GraphReport(name=spec.name, spec=spec.to_dict())
             report.graphs.append(graph_report)
             task = GraphTask(module.wrapped, module.name, spec, graph.samples, target,
-                             cache_folder(module.name, spec.name), graph_report)
+                             cache_folder(module.name, spec.name), graph_report, graph.store)
             built.append(strat.tune(task))
     except Exception:
         for backend in built:
@@ -149,23 +163,62 @@ def tune_module(
 def _strategies_for(module: Module, specs: list[Any], strategy: TuneStrategy | None) -> list[TuneStrategy]:
     if strategy is not None:
         return [strategy] * len(specs)
-    state = internals(module)
-    listed = state.strategies
-    if isinstance(listed, (list, tuple)):
-        if len(listed) < len(specs):
-            raise TuningError(
-                f"Module {module.name!r} recorded {len(specs)} graphs but got {len(listed)} strategies; pass one "
-                "strategy per graph (graph creation order) or a single strategy."
-            )
-        return list(listed[: len(specs)])
+    listed = internals(module).strategies
+    if isinstance(listed, (list, tuple)) and len(listed) < len(specs):
+        raise TuningError(
+            f"Module {module.name!r} recorded {len(specs)} graphs but got {len(listed)} strategies; pass one "
+            "strategy per graph (graph creation order) or a single strategy."
+        )
     if isinstance(listed, dict):
         missing = [s.name for s in specs if s.name not in listed]
         if missing:
             raise TuningError(f"Module {module.name!r}: no strategy for graph(s) {missing}; strategies has {sorted(listed)}.")
-        return [listed[s.name] for s in specs]
-    if state.strategy is not None:
-        return [state.strategy] * len(specs)
-    return [HighestThroughputStrategy()] * len(specs)
+    default = HighestThroughputStrategy()
+    return [_strategy_of(module, index, spec.name) or default for index, spec in enumerate(specs)]
+
+
+def _strategy_of(module: Module, index: int, name: str) -> TuneStrategy | None:
+    """The strategy given for ``module``'s graph ``name`` (created ``index``-th); None: the default strategy."""
+    state = internals(module)
+    listed = state.strategies
+    if isinstance(listed, (list, tuple)):
+        return listed[index] if index < len(listed) else None
+    if isinstance(listed, dict):
+        return listed.get(name)
+    return state.strategy
+
+
+class CallStores:
+    """The on-disk stores of the graphs whose strategy keeps more recorded calls (at most ``limit`` per graph,
+    in the graph's work folder ``<cache>/<module>/<graph>``); :meth:`remove` deletes them when tuning ends."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.stores: list[SampleStore] = []
+
+    def create(self, module: Module, index: int, name: str) -> SampleStore | None:
+        """The store of a new graph, or None when its strategy keeps no extra calls (or none can be kept)."""
+        if self.limit == 0:
+            return None
+        strategy = _strategy_of(module, index, name) or HighestThroughputStrategy()
+        if not strategy.keeps_recorded_calls():
+            return None
+        try:
+            store = SampleStore(cache_folder(module.name, name), self.limit)
+        except (ConfigError, OSError) as exc:
+            logger.warning("Module %s graph %s: recorded calls cannot be kept on disk (%s); calibration and the "
+                           "fidelity check use the in-memory samples only", module.name, name, exc)
+            return None
+        self.stores.append(store)
+        logger.info("Module %s graph %s: keeping up to %d recorded calls in %s for calibration and held-out checks",
+                    module.name, name, self.limit, store.folder)
+        return store
+
+    def remove(self) -> None:
+        """Delete every store's folder."""
+        for store in self.stores:
+            store.remove()
+        self.stores.clear()
 
 
 def _batch_sizes(batch_sizes: list[int] | None) -> list[int]:

@@ -74,9 +74,11 @@ def _sample_batch(leaves: list[torch.Tensor], graph_spec: GraphSpec) -> int | No
     return None
 
 
-def example_leaves(graph_spec: GraphSpec, data: list[Sample]) -> list[torch.Tensor]:
-    """Input tensors to export/trace with: batch >= 2 and dynamic sizes >= 2 where possible (0/1 specialisation)."""
-    samples = list(data) or [graph_spec.example_inputs(None)]
+def example_leaves(graph_spec: GraphSpec, data: Sequence[Sample]) -> list[torch.Tensor]:
+    """Input tensors to export/trace with: batch >= 2 and dynamic sizes >= 2 where possible (0/1 specialisation).
+
+    ``data`` is read once, one call at a time (it may load each call from disk)."""
+    samples: Sequence[Sample] = data if len(data) else [graph_spec.example_inputs(None)]
 
     def score(sample: Sample) -> tuple[int, int]:
         leaves, _ = flatten_sample(*sample)

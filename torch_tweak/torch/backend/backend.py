@@ -37,7 +37,10 @@ from torch_tweak.utils.hashing import hash_string
 from torch_tweak.utils.permissions import open_secure, secure_mkdir
 from torch_tweak.utils.trace import annotate
 
-__all__ = ["Backend", "BackendConfig", "BackendState", "Sample"]
+__all__ = ["QUANTIZED_PRECISIONS", "Backend", "BackendConfig", "BackendState", "Sample"]
+
+#: Executed precisions that are quantized (see :attr:`Backend.quantized`).
+QUANTIZED_PRECISIONS = frozenset({"int8", "int4", "fp8"})
 
 
 class BackendState(enum.Enum):
@@ -179,6 +182,20 @@ class Backend(ABC):
     def executed_precision(self) -> str:
         """The numeric precision inference actually runs in (``fp32``, ``bf16``, ``fp16``, ``int8``...)."""
         return "fp32"
+
+    @property
+    def quantized(self) -> bool:
+        """True when the backend computes with quantized weights or activations, known before it is built (by
+        default: its :attr:`executed_precision` is one of :data:`QUANTIZED_PRECISIONS`). Tuning then records more
+        of the graph's calls so that the fidelity check also judges inputs no calibration saw. A backend whose
+        precision is known only once built overrides this with what its config says."""
+        return self.executed_precision in QUANTIZED_PRECISIONS
+
+    @property
+    def needs_calibration(self) -> bool:
+        """True when ``build`` calibrates on the ``data`` it receives (static quantization): strategies then pass
+        the calibration share of the recorded calls, and judge the backend on calls it was not calibrated on."""
+        return False
 
     def precision_fallback(self) -> Backend | None:
         """An unbuilt copy that computes in higher precision, for a strategy to try when this backend's

@@ -1,4 +1,9 @@
-"""Recording: turn observed calls into graphs (GraphSpec) with a few stored samples and eager outputs."""
+"""Recording: turn observed calls into graphs (GraphSpec) with a few stored samples and eager outputs.
+
+A graph may also keep more of its calls on disk (a :class:`~torch_tweak.torch.module.sample_store.SampleStore`,
+given by ``stores`` when its strategy calibrates or judges on held-out calls); those are the calls that are not
+among the in-memory samples.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import Any
 import torch
 
 from torch_tweak.errors import UnsupportedInputError
+from torch_tweak.torch.module.sample_store import SampleStore
 from torch_tweak.torch.module.spec import GraphSpec, Observation, dtypes_of, infer_tensor_specs, observe_shapes
 from torch_tweak.torch.module.tree import (
     Sample,
@@ -50,6 +56,7 @@ class GraphRecorder:
         self.strict = strict
         self.max_samples = max_samples
         self.samples: list[RecordedSample] = []
+        self.store: SampleStore | None = None  # more calls on disk, when the graph's strategy wants them
         self.num_calls = 0
         self._input_structure: Spec | None = None
         self._output_structure: Spec | None = None
@@ -138,13 +145,18 @@ def graph_key(args: tuple[Any, ...], kwargs: dict[str, Any], strict: bool, phase
     return signature(args, kwargs, strict, phase)
 
 
+StoreFactory = Callable[[int, str], SampleStore | None]
+"""``stores(index, name)``: the on-disk store of a new graph (creation index and name), or None for none."""
+
+
 class Recorder:
     """All graphs of one module, in the order they were first seen."""
 
-    def __init__(self, strict: bool, max_samples: int, phases: bool = True) -> None:
+    def __init__(self, strict: bool, max_samples: int, phases: bool = True, stores: StoreFactory | None = None) -> None:
         self.strict = strict
         self.max_samples = max_samples
         self.phases = phases
+        self.stores = stores
         self.graphs: dict[tuple[Any, ...], GraphRecorder] = {}
 
     def record_call(
@@ -160,10 +172,13 @@ class Recorder:
         if graph is None:
             phase = key[-1][1] if key[-1][:1] == ("phase",) else None
             graph = GraphRecorder(str(len(self.graphs)), key, self.strict, self.max_samples, phase)
+            if self.stores is not None:
+                graph.store = self.stores(len(self.graphs), graph.name)
             self.graphs[key] = graph
         input_leaves, input_structure = flatten_sample(args, kwargs)
         input_shapes = observe_shapes(input_leaves)
         stored: Sample | None = None
+        spilled: list[torch.Tensor] | None = None
         if graph.wants_sample(input_shapes):
             try:
                 stored = copy.deepcopy((tuple(args), dict(kwargs)))
@@ -172,10 +187,14 @@ class Recorder:
                     f"Could not copy the inputs of a recorded call ({exc}). Inputs must be deep-copyable; run "
                     "tuning under torch.no_grad() so tensors do not carry autograd history."
                 ) from exc
+        elif graph.store is not None and graph.store.wants_call():
+            spilled = graph.store.capture(input_leaves)
         outputs = forward(*args, **kwargs)
         graph.observe(batch_size, input_leaves, input_structure, outputs)
         if stored is not None:
             graph.add_sample(stored[0], stored[1], outputs, batch_size, input_shapes)
+        elif spilled is not None and graph.store is not None:
+            graph.store.add(spilled, [str(t.device) for t in input_leaves], input_structure, outputs, batch_size)
         return outputs
 
     def graph_specs(self) -> list[GraphSpec]:

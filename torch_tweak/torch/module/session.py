@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextvars
+import functools
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,6 +20,12 @@ class RecordingSession:
         self.id = next(_IDS)
         self.batch_size: int | None = None
         self.modules: dict[int, Any] = {}
+        #: ``stores(module, index, name)``: the on-disk store of a module's new graph, or None (set by ``tt.tune``)
+        self.stores: Callable[[Any, int, str], Any] | None = None
+
+    def stores_for(self, module: Any) -> Callable[[int, str], Any] | None:
+        """The store factory of ``module``'s recorder (None when this session keeps no calls on disk)."""
+        return None if self.stores is None else functools.partial(self.stores, module)
 
     def note(self, module: Any) -> None:
         """Remember ``module`` (in first-call order)."""

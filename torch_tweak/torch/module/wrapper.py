@@ -201,7 +201,7 @@ class Module:
         recorder = state.recorder
         if state.session_id != session.id or recorder is None:
             recorder = state.start_recording(session.id, _config.strict_mode, _config.max_num_samples_stored,
-                                             _config.llm_phase_detection)
+                                             _config.llm_phase_detection, session.stores_for(self))
         session.note(self)
         return recorder.record_call(state.original, args, kwargs, session.batch_size)
 

@@ -111,7 +111,8 @@ def fidelity_error(candidate: Any) -> float | None:
 
 def format_fidelity(candidate: Any) -> str:
     """``1.2e-06`` / ``nan`` / empty for an unchecked candidate; with a task metric also its worst value and
-    bound, e.g. ``3.1e-02 (cosine 0.9987 vs >= 0.99)``."""
+    bound, and how many of the judged calls were held out from calibration when some were, e.g.
+    ``3.1e-02 (cosine 0.9987 vs >= 0.99; 32 of 36 calls held out)``."""
     fid = candidate.fidelity
     if not isinstance(fid, dict) or "max_abs_error" not in fid:
         return ""
@@ -119,10 +120,14 @@ def format_fidelity(candidate: Any) -> str:
     number = _number(value)
     text = f"{number:.1e}" if number is not None else str(value)
     metric, measured = fid.get("metric"), _number(fid.get("metric_value"))
+    notes = []
     if isinstance(metric, str) and measured is not None:
         name, _, bound = metric.partition(" ")
-        text += f" ({name} {measured:.4g} vs {bound})"
-    return text
+        notes.append(f"{name} {measured:.4g} vs {bound}")
+    held_out, samples = fid.get("held_out_samples"), fid.get("samples")
+    if isinstance(held_out, int) and held_out > 0:
+        notes.append(f"{held_out} of {samples} calls held out")
+    return f"{text} ({'; '.join(notes)})" if notes else text
 
 
 def format_throughput(m: CandidateMetrics) -> str:

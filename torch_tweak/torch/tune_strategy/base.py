@@ -11,6 +11,7 @@ import copy
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from torch_tweak.torch.fidelity import (
 )
 from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.recording import RecordedSample
+from torch_tweak.torch.module.sample_store import SampleStore
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample
 from torch_tweak.torch.report.report import BUILD_FAILED, INFER_FAILED, PASSED, REJECTED, CandidateReport, GraphReport
@@ -52,10 +54,13 @@ class GraphTask:
         module: the wrapped ``nn.Module`` (its own forward; hooks and interception are removed while tuning).
         module_name: the ``tt.Module`` name.
         graph_spec: the graph's inputs and outputs.
-        samples: recorded calls with their eager outputs (the fidelity reference).
+        samples: recorded calls with their eager outputs (the fidelity reference), in memory.
         device: the tuning device.
         cache_dir: ``<cache>/<module>/<graph>``; each candidate builds in ``cache_dir / backend.key()``.
         report: the graph's report; strategies append a :class:`CandidateReport` per candidate.
+        store: more recorded calls, on disk, when the strategy keeps them (:meth:`TuneStrategy.keeps_recorded_calls`):
+            calibrating candidates build with its calibrating calls, and every candidate's fidelity check also
+            judges its held-out calls.
     """
 
     module: nn.Module
@@ -65,10 +70,32 @@ class GraphTask:
     device: torch.device
     cache_dir: Path
     report: GraphReport
+    store: SampleStore | None = None
 
     def data(self) -> list[Sample]:
         """Deep copies of the recorded inputs, safe to hand to a backend."""
         return [copy.deepcopy(s.sample) for s in self.samples]
+
+    def calibration_data(self) -> Sequence[Sample]:
+        """What a calibrating candidate (:attr:`Backend.needs_calibration`) builds with: the calibrating calls of
+        :attr:`store`, loaded one at a time; without any, the in-memory samples but the last one (which the
+        fidelity check then judges as a call calibration never saw)."""
+        if self.store is not None:
+            calibration = self.store.calibration()
+            if len(calibration):
+                return calibration
+        data = self.data()
+        return data[:-1] if len(data) >= 2 else data
+
+    def judged_calls(self) -> Iterator[tuple[Sample, Any, bool]]:
+        """``(inputs, eager outputs, held out)`` of every call the fidelity check judges: the in-memory samples
+        (copied), then the held-out calls of :attr:`store` (loaded one at a time, so their outputs are never
+        all in memory). Every candidate is judged on the same calls."""
+        for sample in self.samples:
+            yield copy.deepcopy(sample.sample), sample.outputs, False
+        if self.store is not None:
+            for inputs, outputs, _ in self.store.held_out():
+                yield inputs, outputs, True
 
 
 class CandidateFailedError(TorchTweakError, RuntimeError):
@@ -111,6 +138,15 @@ class TuneStrategy(ABC):
         """The backend templates this strategy may try."""
         return []
 
+    def keeps_recorded_calls(self) -> bool:
+        """Whether tuning should keep more of a graph's calls on disk for this strategy
+        (``tt.config.max_num_calibration_samples``): a candidate calibrates on them, or the fidelity check is on
+        and judges a quantized candidate or by a task metric, so calls no calibration saw must be judged."""
+        templates = self.candidates()
+        if any(t.needs_calibration for t in templates):
+            return True
+        return self._correctness_check and (self.fidelity.task is not None or any(t.quantized for t in templates))
+
     def tune(self, task: GraphTask) -> Backend:
         """Choose, build and return the backend for ``task``'s graph."""
         task.report.strategy = self.describe()
@@ -140,8 +176,9 @@ class TuneStrategy(ABC):
         row.log_path = str(log_path)
         start = time.perf_counter()
         try:
+            data = task.calibration_data() if backend.needs_calibration else task.data()
             with capture_output(log_path):
-                backend.build(task.module, task.graph_spec, task.data(), task.device, cache_dir)
+                backend.build(task.module, task.graph_spec, data, task.device, cache_dir)
         except Exception as exc:
             row.build_time_s = time.perf_counter() - start
             row.status = BUILD_FAILED
@@ -160,8 +197,8 @@ class TuneStrategy(ABC):
     def _check(self, backend: Backend, task: GraphTask, row: CandidateReport) -> Backend:
         """Compare ``backend`` on the recorded samples, then probe it; returns it, or it behind the guard."""
         result: FidelityResult | None = None
-        for sample in task.samples:
-            args, kwargs = copy.deepcopy(sample.sample)
+        judged = held_out = 0
+        for (args, kwargs), expected, unseen in task.judged_calls():
             try:
                 with torch.no_grad():
                     outputs = backend.infer(*args, **kwargs)
@@ -170,12 +207,14 @@ class TuneStrategy(ABC):
                 row.error = f"{type(exc).__name__}: {exc}"
                 release_quietly(backend)
                 raise CandidateFailedError(row) from exc
-            current = check_fidelity(sample.outputs, outputs, row.precision or "fp32", self.fidelity)
+            current = check_fidelity(expected, outputs, row.precision or "fp32", self.fidelity)
             result = current if result is None else result.merge(current)
+            judged, held_out = judged + 1, held_out + unseen
             if not current.passed:
                 break
         if result is None:
             return backend
+        result.samples, result.held_out_samples = judged, held_out
         sample = probe_sample(task.samples)
         if result.passed and self.fidelity.check_non_finite and sample is not None:
             probes = probe_non_finite(task.module, backend.infer, sample, task.graph_spec)

@@ -153,6 +153,17 @@ class OpenVINOBackend(Backend):
             return _REPORTED[self._config.inference_precision]
         return _precision_name(ov_core().get_property(ov_device_name(self._device), "INFERENCE_PRECISION_HINT"))
 
+    @property
+    def quantized(self) -> bool:
+        """True for ``quantization="int8"`` and ``"int8_weights"`` (read from the config: the float precision is
+        known only once compiled)."""
+        return self._config.quantization is not None
+
+    @property
+    def needs_calibration(self) -> bool:
+        """True for ``quantization="int8"``: NNCF calibrates activation scales on the ``data`` given to ``build``."""
+        return self._config.quantization == INT8
+
     @classmethod
     def default_variants(cls) -> list[Backend]:
         """LATENCY and THROUGHPUT hints (one request using every core; parallel streams for large batches) in the

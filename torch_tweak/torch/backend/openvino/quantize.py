@@ -18,11 +18,11 @@ Two modes (``OpenVINOBackendConfig.quantization``):
     hints), at random per compilation (relative error 1e2..1e7 or NaN on 1x1 convolutions and on linear layers
     with <= 32 inputs; a model right at tuning could come back wrong when a checkpoint is loaded).
 
-Calibration and holdout: ``build`` receives the graph's recorded samples in recording order. With two or more,
-the last one is held out and calibration uses the others, so the strategy's fidelity check (which runs every
-recorded sample) includes an input calibration never saw; with one, calibration uses it (the check then only
-sees calibrated data). Each sample is flattened to the IR's inputs in :class:`GraphSpec` order, the order the
-converter gives the IR's parameters.
+Calibration: ``build`` receives the calibration data in ``data`` and NNCF calibrates on all of it; choosing it is
+the strategy's job (``GraphTask.calibration_data``: the calibrating share of the graph's recorded calls, so that
+the fidelity check judges calls calibration never saw). ``data`` may be a lazy sequence that loads each call from
+disk: it is read one call at a time, never copied into a list. Each call is flattened to the IR's inputs in
+:class:`GraphSpec` order, the order the converter gives the IR's parameters.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import hashlib
 import importlib.util
 import logging
 import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -69,42 +70,54 @@ def import_nncf() -> Any:
     return nncf
 
 
-def calibration_split(data: list[Sample]) -> tuple[list[Sample], list[Sample]]:
-    """``(calibration, holdout)``: all but the last recorded sample and the last one; with a single sample,
-    that sample calibrates and nothing is held out."""
-    samples = list(data)
-    if len(samples) < 2:
-        return samples, []
-    return samples[:-1], samples[-1:]
-
-
-def calibration_inputs(graph_spec: GraphSpec, samples: list[Sample]) -> list[tuple[np.ndarray, ...]]:
-    """Each sample's input tensors as numpy arrays, positionally in the IR's (= ``GraphSpec``'s) input order."""
-    items = []
-    for index, (args, kwargs) in enumerate(samples):
-        leaves, _ = flatten_sample(args, kwargs)
-        if len(leaves) != len(graph_spec.inputs):
+def calibration_item(graph_spec: GraphSpec, sample: Sample, index: int = 0) -> tuple[np.ndarray, ...]:
+    """One call's input tensors as numpy arrays, positionally in the IR's (= ``GraphSpec``'s) input order."""
+    leaves, _ = flatten_sample(*sample)
+    if len(leaves) != len(graph_spec.inputs):
+        raise BuildError(
+            f"Recorded sample {index} of graph {graph_spec.name!r} has {len(leaves)} input tensors, the graph "
+            f"{len(graph_spec.inputs)}; it cannot calibrate the quantized model. Tune again so that the samples "
+            "are recorded for this graph."
+        )
+    arrays = []
+    for leaf, spec in zip(leaves, graph_spec.inputs, strict=True):
+        if leaf.dtype == torch.bfloat16:
             raise BuildError(
-                f"Recorded sample {index} of graph {graph_spec.name!r} has {len(leaves)} input tensors, the graph "
-                f"{len(graph_spec.inputs)}; it cannot calibrate the quantized model. Tune again so that the samples "
-                "are recorded for this graph."
+                f"{spec.locator}: bfloat16 inputs cannot be passed to OpenVINO through numpy, so they cannot "
+                "calibrate an int8 model. Tune the module with float32 inputs."
             )
-        arrays = []
-        for leaf, spec in zip(leaves, graph_spec.inputs, strict=True):
-            if leaf.dtype == torch.bfloat16:
-                raise BuildError(
-                    f"{spec.locator}: bfloat16 inputs cannot be passed to OpenVINO through numpy, so they cannot "
-                    "calibrate an int8 model. Tune the module with float32 inputs."
-                )
-            arrays.append(np.ascontiguousarray(leaf.detach().cpu().numpy()))
-        items.append(tuple(arrays))
-    return items
+        arrays.append(np.ascontiguousarray(leaf.detach().cpu().numpy()))
+    return tuple(arrays)
 
 
-def calibration_digest(graph_spec: GraphSpec, data: list[Sample]) -> str:
+def calibration_inputs(graph_spec: GraphSpec, samples: Sequence[Sample]) -> list[tuple[np.ndarray, ...]]:
+    """Every call's :func:`calibration_item` (all in memory: for tests and small sets)."""
+    return [calibration_item(graph_spec, sample, index) for index, sample in enumerate(samples)]
+
+
+class _CalibrationItems(Sequence[tuple[np.ndarray, ...]]):
+    """``data`` as NNCF's data source: each call converted when NNCF reads it, none kept."""
+
+    def __init__(self, graph_spec: GraphSpec, data: Sequence[Sample]) -> None:
+        self._spec, self._data = graph_spec, data
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return calibration_item(self._spec, self._data[index], index)
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:
+        for index, sample in enumerate(self._data):
+            yield calibration_item(self._spec, sample, index)
+
+
+def calibration_digest(graph_spec: GraphSpec, data: Sequence[Sample]) -> str:
     """A hash of the calibration inputs, part of a quantized IR's fingerprint (other samples, other scales)."""
     digest = hashlib.sha256()
-    for item in calibration_inputs(graph_spec, calibration_split(data)[0]):
+    for item in _CalibrationItems(graph_spec, data):
         for array in item:
             digest.update(f"{array.dtype}:{array.shape};".encode())
             digest.update(array.tobytes())
@@ -116,7 +129,7 @@ def looks_like_transformer(model: Any) -> bool:
     return any(op.get_type_name() in ATTENTION_OPS for op in model.get_ops())
 
 
-def quantize_model(model: Any, mode: str, graph_spec: GraphSpec, data: list[Sample], target_device: str) -> Any:
+def quantize_model(model: Any, mode: str, graph_spec: GraphSpec, data: Sequence[Sample], target_device: str) -> Any:
     """Quantize the converted ``ov.Model`` of ``graph_spec`` in ``mode``; returns the quantized model.
 
     Raises :class:`BuildError` (NNCF's error chained) when NNCF fails or quantizes no operation at all, so the
@@ -138,13 +151,12 @@ def quantize_model(model: Any, mode: str, graph_spec: GraphSpec, data: list[Samp
         logger.info("Graph %s: weights compressed to int8 (%d int8 constants with the zero points) in %.1fs.",
                     graph_spec.name, compressed, time.perf_counter() - start)
         return quantized
-    calibration, holdout = calibration_split(data)
-    if not calibration:
+    if not len(data):
         raise BuildError(f"Graph {graph_spec.name!r} has no recorded sample to calibrate int8 quantization with; "
                          "tune with a dataset, or use quantization='int8_weights', which needs none.")
     transformer = looks_like_transformer(model)
     options: dict[str, Any] = {
-        "subset_size": len(calibration),
+        "subset_size": len(data),
         "fast_bias_correction": True,
         "target_device": nncf.TargetDevice.GPU if target_device.startswith("GPU") else nncf.TargetDevice.CPU,
         # CNNs: symmetric activations (PERFORMANCE); MIXED was no more accurate on a ResNet-50 and 7 % slower
@@ -152,7 +164,7 @@ def quantize_model(model: Any, mode: str, graph_spec: GraphSpec, data: list[Samp
     }
     if transformer:  # fewer quantizers around attention, SmoothQuant: BERT-base rel. L2 error 0.24 -> 0.03 (batch 8)
         options["model_type"] = nncf.ModelType.TRANSFORMER
-    dataset = nncf.Dataset(calibration_inputs(graph_spec, calibration))
+    dataset = nncf.Dataset(_CalibrationItems(graph_spec, data))
     try:
         quantized = nncf.quantize(model, dataset, **options)
     except Exception as exc:
@@ -160,9 +172,8 @@ def quantize_model(model: Any, mode: str, graph_spec: GraphSpec, data: list[Samp
                          f"{exc}") from exc
     quantizers = sum(op.get_type_name() == "FakeQuantize" for op in quantized.get_ops())
     _require(quantizers, "activations", graph_spec, "convolutions or matrix multiplications", "quantization=None")
-    logger.info("Graph %s: int8 with %d quantizers in %.1fs, calibrated on %d recorded sample(s)%s%s.",
-                graph_spec.name, quantizers, time.perf_counter() - start, len(calibration),
-                f", {len(holdout)} held out for the fidelity check" if holdout else "",
+    logger.info("Graph %s: int8 with %d quantizers in %.1fs, calibrated on %d recorded call(s)%s.",
+                graph_spec.name, quantizers, time.perf_counter() - start, len(data),
                 " (transformer rules)" if transformer else "")
     return quantized
 
