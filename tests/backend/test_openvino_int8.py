@@ -1,4 +1,4 @@
-"""OpenVINO INT8 candidates (NNCF): config, calibration split, IR reuse, fidelity verdicts and warm loading.
+"""OpenVINO INT8 candidates (NNCF): config, calibration data, IR reuse, fidelity verdicts and warm loading.
 
 Tiny models only: each tune takes seconds. Skipped without openvino or nncf.
 """
@@ -151,14 +151,6 @@ def test_missing_nncf_fails_the_build_with_an_install_hint(monkeypatch: pytest.M
 # calibration --------------------------------------------------------------------------------------------------
 
 
-def test_calibration_split_holds_out_the_last_sample() -> None:
-    samples = [((torch.full((b, 2), float(b)),), {}) for b in (1, 2, 4, 8)]
-    calibration, holdout = quantize.calibration_split(samples)
-    assert [s[0][0].shape[0] for s in calibration] == [1, 2, 4] and [s[0][0].shape[0] for s in holdout] == [8]
-    assert quantize.calibration_split(samples[:1]) == (samples[:1], [])
-    assert quantize.calibration_split([]) == ([], [])
-
-
 def test_calibration_inputs_follow_graph_spec_order() -> None:
     class TwoInputs(nn.Module):
         def forward(self, x: torch.Tensor, *, mask: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -174,7 +166,8 @@ def test_calibration_inputs_follow_graph_spec_order() -> None:
             assert (torch.from_numpy(array) == tensor).all()
 
 
-def test_int8_calibrates_on_all_but_the_last_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_int8_calibrates_on_the_calibrating_calls_and_is_judged_on_the_held_out_ones(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[tuple]] = []
     original = nncf.quantize
 
@@ -185,9 +178,25 @@ def test_int8_calibrates_on_all_but_the_last_sample(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(nncf, "quantize", spy)
     _, report = tune("mlp", "int8")
-    assert seen == [[((1, 32),), ((4, 32),)]]  # batch 8, recorded last, is held out for the fidelity check
+    # calls: 8 at batch 1, 2 at batch 4, 1 at batch 8; the first of each shape stays in memory, the 8 others go to
+    # disk, where calls 1 and 5 are held out: calibration sees 5 calls at batch 1 and 1 at batch 4
+    assert seen == [[((1, 32),)] * 5 + [((4, 32),)]]
     row = report.modules[0].graphs[0].candidates[0]
     assert row.fidelity is not None and row.fidelity["passed"]
+    assert (row.fidelity["samples"], row.fidelity["held_out_samples"]) == (5, 2)  # 3 in memory + 2 held out
+
+
+def test_int8_without_kept_calls_calibrates_on_all_in_memory_samples_but_the_last(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[tuple]] = []
+    original = nncf.quantize
+    monkeypatch.setattr(nncf, "quantize", lambda model, dataset, **options: seen.append(
+        [tuple(a.shape for a in item) for item in dataset.get_inference_data()]) or original(model, dataset, **options))
+    monkeypatch.setattr(tt.config, "max_num_calibration_samples", 0)
+    _, report = tune("mlp", "int8")
+    assert seen == [[((1, 32),), ((4, 32),)]]  # batch 8, recorded last, is held out for the fidelity check
+    row = report.modules[0].graphs[0].candidates[0]
+    assert row.fidelity["passed"] and (row.fidelity["samples"], row.fidelity["held_out_samples"]) == (3, 0)
 
 
 # fidelity verdicts ---------------------------------------------------------------------------------------------
