@@ -21,6 +21,12 @@ import torch
 from torch_tweak.__version__ import __version__
 
 CPUINFO = Path("/proc/cpuinfo")
+#: Instruction-set flags that records keep (checkpoint manifests, warm-load fingerprints): code compiled on a CPU
+#: with one of them may not run, or may run another kernel, on a CPU without it.
+ISA_FLAGS = (
+    "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl",
+    "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
+)
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,12 @@ def cpu_info() -> CpuInfo:
         elif key == "core id":
             cores.add((physical_id, value))
     return CpuInfo(model, flags, len(cores) or None)
+
+
+def isa_flags() -> list[str] | None:
+    """The :data:`ISA_FLAGS` this CPU has, sorted (None where the system does not tell)."""
+    flags = cpu_info().flags
+    return None if flags is None else sorted(f for f in ISA_FLAGS if f in flags)
 
 
 def logical_cores() -> int | None:

@@ -150,6 +150,10 @@ class Backend(ABC):
     #: Keys of :meth:`to_dict` whose values are artifact paths (``pathlib.Path``). A checkpoint stores them as
     #: archive members and refuses a manifest in which one of them is anything else (e.g. a path on disk).
     artifact_keys: ClassVar[tuple[str, ...]] = ()
+    #: Keys of ``artifact_keys`` whose artifacts are native code the backend can do without (the Inductor and
+    #: TorchAO warm-load packages: without them it compiles). ``tt.load`` extracts and passes them to
+    #: ``from_dict`` only when native code is trusted; otherwise their values are None.
+    optional_native_keys: ClassVar[tuple[str, ...]] = ()
     #: The config class whose ``from_dict`` reads ``to_dict()["config"]`` (lets ``verify`` check it unloaded).
     config_class: ClassVar[type[BackendConfig] | None] = None
     #: The runtime whose threads run inference. Calls alternating between runtimes slow each other

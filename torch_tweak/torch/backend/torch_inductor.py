@@ -2,9 +2,10 @@
 
 The compile happens in :meth:`TorchInductorBackend.build` (and again in ``activate``/``deploy``): the
 backend runs synthesized inputs at the graph's smallest and largest batch and every recorded sample once,
-so the user's first call after tuning does not pay for compilation. Compiled artifacts are not stored in
-checkpoints: a restored backend compiles again at ``deploy`` (fast when ``TORCHINDUCTOR_CACHE_DIR`` holds
-Inductor's on-disk cache from the tuning run).
+so the user's first call after tuning does not pay for compilation. ``tt.save`` stores an AOTInductor package
+of the compiled graph (:mod:`._warm_package` says why this form): a backend restored in the same environment,
+with native code trusted, serves from it and compiles nothing; otherwise it compiles again at ``deploy``
+and warms up every batch size and sequence bucket tuning saw.
 
 The helpers at the top (warm-up inputs, build errors) are shared with the AOT and TorchAO backends.
 """
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import BuildError, ConfigError, UnsupportedInputError
+from torch_tweak.torch.backend import _warm_package
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.backend.torch_eager import (
     AUTOCAST_DTYPES,
@@ -28,7 +30,7 @@ from torch_tweak.torch.backend.torch_eager import (
     normalize_autocast,
     restore_dtypes,
 )
-from torch_tweak.torch.module.forward import original_forward
+from torch_tweak.torch.module.forward import original_forward, pristine
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample, flatten_sample, unflatten_sample
 from torch_tweak.utils.validate import check_bool
@@ -229,6 +231,9 @@ class TorchInductorBackend(Backend):
 
     requires_original_module = True
     config_class = TorchInductorBackendConfig
+    artifact_keys = (_warm_package.STATE_PACKAGE,)
+    optional_native_keys = (_warm_package.STATE_PACKAGE,)
+    _WARM_LIBRARIES = ("torch",)
 
     def __init__(self, config: TorchInductorBackendConfig | None = None) -> None:
         super().__init__()
@@ -237,6 +242,8 @@ class TorchInductorBackend(Backend):
         self._graph_spec: GraphSpec | None = None
         self._compiled: Callable[..., Any] | None = None
         self._cache_dir: Path | None = None
+        self._warm: Path | None = None  # the warm-load package (written at save, or restored)
+        self._warm_environment: dict[str, Any] | None = None
 
     @property
     def executed_precision(self) -> str:
@@ -288,9 +295,35 @@ class TorchInductorBackend(Backend):
         self._compiled = None
 
     def _deploy(self) -> None:
+        if _warm_package.usable(self._warm, self._warm_environment, self._WARM_LIBRARIES, self.name):
+            assert self._warm is not None and self._graph_spec is not None
+            self._compiled = _warm_package.load(self._warm, self._graph_spec, self._device)
+            return
+        self._warm = None  # not used here, so not saved again either
         if self._module is not None and self._device is not None:
             self._module.to(self._device)
         self._compile([])
+
+    def _warm_options(self) -> dict[str, Any] | None:
+        if self._config.mode is not None:
+            import torch._inductor
+
+            return dict(torch._inductor.list_mode_options(self._config.mode))
+        return dict(self._config.options) if self._config.options is not None else None
+
+    def _warm_state(self) -> dict[str, Any]:
+        """The warm-load package (built now on the first save of a backend built here) and its environment."""
+        if self._warm is None and self._compiled is not None and self._cache_dir is not None:
+            assert self._module is not None and self._graph_spec is not None
+            with pristine(self._module):
+                self._warm = _warm_package.build(
+                    self._module, self._graph_spec, self._cache_dir, options=self._warm_options(),
+                    context=self._context, reference=self._compiled, precision=self.executed_precision,
+                    device=self._device)
+            self._warm_environment = _warm_package.fingerprint(self._WARM_LIBRARIES)
+        if self._warm is None:
+            return {}
+        return {_warm_package.STATE_PACKAGE: self._warm, _warm_package.STATE_ENVIRONMENT: self._warm_environment}
 
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
         with torch.no_grad(), self._context():
@@ -300,12 +333,15 @@ class TorchInductorBackend(Backend):
         return outputs
 
     def to_dict(self) -> dict[str, Any]:
-        """Type, config, graph spec and device (all JSON-able); no tensors and no artifact files."""
-        return self._common_state()
+        """Type, config, graph spec and device (JSON-able), and the warm-load package (a :class:`pathlib.Path`,
+        native code) with the environment it was compiled in, when one could be built."""
+        return {**self._common_state(), **self._warm_state()}
 
     @classmethod
     def from_dict(cls, module: nn.Module | None, state_dict: dict[str, Any]) -> TorchInductorBackend:
-        """Recreate the backend around ``module``; ``deploy`` compiles it (with inputs synthesized from the spec)."""
+        """Recreate the backend around ``module``; ``deploy`` loads the warm package when there is a usable one,
+        else compiles (with inputs synthesized from the spec)."""
         backend = cls._from_common_state(state_dict, TorchInductorBackendConfig, module, "Inductor compiles its forward")
         backend._module = module
+        backend._warm, backend._warm_environment = _warm_package.restore(state_dict)
         return backend

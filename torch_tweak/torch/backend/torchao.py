@@ -7,7 +7,10 @@ restored right after it runs and passed to this backend's own ``torch.compile`` 
 modules keep their compiler settings.
 
 Checkpoints store the config (a preset name or ``config_to_dict`` JSON, restored only through an
-allowlist of torchao types) and the graph spec; the deploy step quantizes the wrapped module again.
+allowlist of torchao types), the graph spec and an AOTInductor package of the quantized graph, written at
+``tt.save`` (:mod:`._warm_package`): restored in the same environment with native code trusted, the backend
+serves from the package and neither quantizes nor compiles; otherwise the deploy step quantizes the wrapped
+module again and compiles it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import BackendUnavailableError, BuildError, ConfigError, UnsupportedInputError
+from torch_tweak.torch.backend import _warm_package
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.backend.torch_inductor import build_failure, warm_up
 from torch_tweak.torch.module.forward import pristine
@@ -224,6 +228,9 @@ class TorchAOBackend(Backend):
 
     requires_original_module = True
     config_class = TorchAOBackendConfig
+    artifact_keys = (_warm_package.STATE_PACKAGE,)
+    optional_native_keys = (_warm_package.STATE_PACKAGE,)
+    _WARM_LIBRARIES = ("torch", "torchao")
 
     def __init__(self, config: TorchAOBackendConfig | None = None) -> None:
         super().__init__()
@@ -234,6 +241,8 @@ class TorchAOBackend(Backend):
         self._compiled: Any = None
         self._compile_options: dict[str, Any] = {}
         self._cache_dir: Path | None = None
+        self._warm: Path | None = None  # the warm-load package (written at save, or restored)
+        self._warm_environment: dict[str, Any] | None = None
 
     @property
     def executed_precision(self) -> str:
@@ -309,20 +318,42 @@ class TorchAOBackend(Backend):
         self._compiled = None
 
     def _deploy(self) -> None:
+        if _warm_package.usable(self._warm, self._warm_environment, self._WARM_LIBRARIES, self.name):
+            assert self._warm is not None and self._graph_spec is not None
+            self._compiled = _warm_package.load(self._warm, self._graph_spec, self._device)
+            return
+        self._warm = None  # not used here, so not saved again either
         self._quantize()
         self._compile([])
+
+    def _warm_state(self) -> dict[str, Any]:
+        """The warm-load package (built now on the first save of a backend built here) and its environment."""
+        if self._warm is None and self._compiled is not None and self._quantized is not None \
+                and self._cache_dir is not None:
+            assert self._graph_spec is not None
+            with _quiet_torchao():
+                self._warm = _warm_package.build(
+                    self._quantized, self._graph_spec, self._cache_dir, options=dict(self._compile_options),
+                    context=contextlib.nullcontext, reference=self._compiled, precision=self.executed_precision,
+                    device=self._device)
+            self._warm_environment = _warm_package.fingerprint(self._WARM_LIBRARIES)
+        if self._warm is None:
+            return {}
+        return {_warm_package.STATE_PACKAGE: self._warm, _warm_package.STATE_ENVIRONMENT: self._warm_environment}
 
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
         with torch.no_grad():
             return self._compiled(*args, **kwargs)
 
     def to_dict(self) -> dict[str, Any]:
-        """Type, JSON-able config, graph spec and device; weights come from the wrapped module at deploy."""
-        return self._common_state()
+        """Type, JSON-able config, graph spec and device, and the warm-load package of the quantized graph (a
+        :class:`pathlib.Path`, native code) with its environment; weights come from the wrapped module otherwise."""
+        return {**self._common_state(), **self._warm_state()}
 
     @classmethod
     def from_dict(cls, module: nn.Module | None, state_dict: dict[str, Any]) -> TorchAOBackend:
         """Recreate the backend around ``module``; ``deploy`` quantizes and compiles it once."""
         backend = cls._from_common_state(state_dict, TorchAOBackendConfig, module, "its weights are quantized at deploy")
         backend._module = module
+        backend._warm, backend._warm_environment = _warm_package.restore(state_dict)
         return backend

@@ -98,6 +98,26 @@ def check_backend_state(backend_type: str, backend_class: str, state: Any, where
     return classes
 
 
+def native_references(backend_type: str, backend_class: str, state: Any, where: str) -> list[tuple[dict[str, Any], str, bool]]:
+    """``(sub-state, key, optional)`` for every artifact reference in a stored backend state that is native code.
+
+    A native backend's (``native_code``) artifacts are all native and required; a backend's
+    ``optional_native_keys`` are native artifacts it can do without (it compiles instead), marked ``optional``.
+    Classes resolve as in :func:`check_backend_state`, from the class attributes, never from the manifest.
+    """
+    found = []
+    for type_name, class_name, sub in components(backend_type, backend_class, state):
+        if not isinstance(class_name, str) or not isinstance(sub, dict):
+            continue  # refused by check_backend_state
+        cls = resolve_backend(type_name, class_name, where)
+        native = is_native(cls)
+        for key in cls.artifact_keys if native else cls.optional_native_keys:
+            value = sub.get(key)
+            if isinstance(value, dict) and value.get(MARKER) == "artifact":
+                found.append((sub, key, not native))
+    return found
+
+
 def referenced_members(state: Any, names: list[str]) -> set[str]:
     """Archive members that the artifact references in ``state`` use (a folder reference uses its files)."""
     found: set[str] = set()

@@ -31,7 +31,7 @@ from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.cache import cache_folder
 from torch_tweak.torch.checkpoint import weights
 from torch_tweak.torch.checkpoint.archive import VerifiedArchive, member_name_problem, open_verified
-from torch_tweak.torch.checkpoint.audit import Audit, audit, check_trust
+from torch_tweak.torch.checkpoint.audit import Audit, audit, check_trust, drop_optional_native
 from torch_tweak.torch.checkpoint.codec import decode_state, route_types
 from torch_tweak.torch.checkpoint.locate import resolve
 from torch_tweak.torch.checkpoint.manifest import (
@@ -270,6 +270,8 @@ def load(obj: Any, path: str | os.PathLike[str], device_map: dict[str, Any] | No
         entries = parse_modules(archive.manifest)
         checked = audit(archive, entries)
         check_trust(checked, archive, path, trust_native_code, verify_key)
+        if not trust_native_code and verify_key is None:  # warm-load packages stay in the archive: modules compile
+            drop_optional_native(checked, entries, archive.names, path)
         devices = _device_map(device_map, [e.name for e in entries])
         diff = compare_environment(archive.manifest.get("environment"))
         plans = [_plan(obj, e, entries, devices, diff, checked) for e in entries]

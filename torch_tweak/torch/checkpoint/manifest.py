@@ -38,11 +38,7 @@ MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "torch_tweak.checkpoint"
 FORMAT_VERSION = 1
 PATH_KINDS = ("child", "attr", "item", "index")
-# Instruction-set flags a manifest records; a loading CPU without one of them may not run compiled artifacts.
-ISA_FLAGS = (
-    "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl",
-    "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
-)
+ISA_FLAGS = environment_probe.ISA_FLAGS  # the flags a manifest records (one list, in the probe)
 # Distributions whose versions a manifest records, after torch_tweak's and torch's.
 _LIBRARIES = ("openvino", "torchao", "safetensors")
 
@@ -100,7 +96,7 @@ def environment() -> dict[str, Any]:
         "machine": platform.machine(),
         "system": sys.platform,
         "cpu": {"model": cpu.model,
-                "flags": sorted(f for f in ISA_FLAGS if f in cpu.flags) if cpu.flags is not None else None},
+                "flags": environment_probe.isa_flags()},
     }
 
 

@@ -18,7 +18,7 @@ from torch_tweak.errors import CheckpointError
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.checkpoint import signing, weights
 from torch_tweak.torch.checkpoint.archive import member_name_problem
-from torch_tweak.torch.checkpoint.codec import MARKER, encode_state, is_native
+from torch_tweak.torch.checkpoint.codec import MARKER, encode_state, is_native, native_references
 from torch_tweak.torch.checkpoint.manifest import FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, environment, path_text
 from torch_tweak.torch.checkpoint.writer import (
     ArchiveWriter,
@@ -132,6 +132,8 @@ def _graph_entry(pending: _Pending, backend: Backend, spec: GraphSpec, key: Any,
                         "description": backend.describe(), "precision": _precision(backend),
                         "requires_original_module": bool(backend.requires_original_module),
                         "native_code": any(is_native(type(b)) for b in backend.components()), "artifacts": artifacts,
+                        "native_artifacts": sorted(sub[key]["member"] for sub, key, _ in native_references(
+                            type(backend).__name__, qualified_name(type(backend)), encoded, where)),
                         "state": encoded}}
 
 
