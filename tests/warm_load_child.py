@@ -43,7 +43,11 @@ def main() -> None:
     save_file(outputs, args.out)
     from torch._dynamo.utils import counters
 
+    from torch_tweak.torch.module.state import internals
+
+    backends = [c for b in internals(loaded).backends() for c in b.components()]
     print(json.dumps({
+        "warm_packages": [str(b._warm) for b in backends if getattr(b, "_warm", None) is not None],
         "state": loaded.state.name,
         "compiles": counts,
         "dynamo_frames": sum(counters["frames"].values()),

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from torch_tweak.torch import environment
+from torch_tweak.torch.backend._compile_helpers import example_batch_sizes
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import flatten, flatten_sample, unflatten
 from torch_tweak.utils.permissions import secure_file
@@ -118,7 +119,6 @@ def build(module: nn.Module, graph_spec: GraphSpec, folder: Path, *, options: di
           device: torch.device | None) -> Path | None:
     """Export ``module`` (not intercepted) for ``graph_spec``, compile it to ``folder/warm.pt2`` and check it
     against ``reference`` (the backend's compiled callable) on synthesized inputs; None (logged) on failure."""
-    from torch_tweak.torch.backend.torch_inductor import example_batch_sizes
     from torch_tweak.torch.backend.torch_inductor_aot import export_graph
 
     package = folder / PACKAGE_NAME

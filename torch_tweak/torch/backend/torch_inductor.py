@@ -7,12 +7,12 @@ of the compiled graph (:mod:`._warm_package` says why this form): a backend rest
 with native code trusted, serves from it and compiles nothing; otherwise it compiles again at ``deploy``
 and warms up every batch size and sequence bucket tuning saw.
 
-The helpers at the top (warm-up inputs, build errors) are shared with the AOT and TorchAO backends.
+The helpers it shares with the AOT and TorchAO backends (warm-up, build errors) live in :mod:`._compile_helpers`
+and are re-exported here.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +21,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from torch_tweak.errors import BuildError, ConfigError, UnsupportedInputError
+from torch_tweak.errors import ConfigError
 from torch_tweak.torch.backend import _warm_package
+from torch_tweak.torch.backend._compile_helpers import (
+    BUILD_LOG_NAME,
+    build_failure,
+    clone_sample,
+    example_batch_sizes,
+    mark_symbolic_axes,
+    warm_up,
+    watch_recompile_limit,
+)
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.backend.torch_eager import (
     AUTOCAST_DTYPES,
@@ -32,86 +41,14 @@ from torch_tweak.torch.backend.torch_eager import (
 )
 from torch_tweak.torch.module.forward import original_forward, pristine
 from torch_tweak.torch.module.spec import GraphSpec
-from torch_tweak.torch.module.tree import Sample, flatten_sample, unflatten_sample
+from torch_tweak.torch.module.tree import Sample
 from torch_tweak.utils.validate import check_bool
 
-BUILD_LOG_NAME = "build.log"
-_MAX_CAUSE_CHARS = 600
-
-
-# shared helpers -----------------------------------------------------------------------------------
-
-
-def build_failure(
-    what: str, exc: BaseException, cache_dir: Path | None, hint: str = "", error_cls: type[BuildError] = BuildError
-) -> BuildError:
-    """A :class:`BuildError` saying what failed, the cause, how to fix it and where the compiler log is."""
-    cause = str(exc).strip() or repr(exc)
-    if len(cause) > _MAX_CAUSE_CHARS:
-        cause = cause[:_MAX_CAUSE_CHARS] + " ..."
-    message = f"{what}: {type(exc).__name__}: {cause}"
-    if hint:
-        message += f"\n{hint}"
-    log_path = None
-    if cache_dir is not None:
-        log_path = str(Path(cache_dir) / BUILD_LOG_NAME)
-        message += f"\nCompiler output of this build: {log_path}"
-    return error_cls(message, log_path=log_path)
-
-
-def clone_sample(sample: Sample) -> Sample:
-    """A copy of ``sample`` whose tensors are cloned (a module may modify its inputs in place)."""
-    leaves, structure = flatten_sample(*sample)
-    try:
-        return unflatten_sample(structure, [t.clone() for t in leaves])
-    except UnsupportedInputError:  # objects that cannot be rebuilt from tensors (e.g. a KV cache)
-        return copy.deepcopy(sample)
-
-
-def example_batch_sizes(graph_spec: GraphSpec) -> list[int | None]:
-    """Batch sizes to synthesize warm-up inputs at: one >= 2 (for dynamic shapes), the smallest, the largest."""
-    batch_range = graph_spec.batch_range()
-    if batch_range is None:
-        return [None]
-    lo, hi = batch_range
-    sizes = [min(max(lo, 2), hi), lo, hi]
-    return list(dict.fromkeys(sizes))
-
-
-def mark_symbolic_axes(sample: Sample, graph_spec: GraphSpec) -> None:
-    """Hint Dynamo that the graph's batch and dynamic axes vary, so the first compile is dynamic on them."""
-    leaves, _ = flatten_sample(*sample)
-    if len(leaves) != len(graph_spec.inputs):
-        return
-    for leaf, spec in zip(leaves, graph_spec.inputs, strict=True):
-        for axis, size in enumerate(spec.shape):
-            if isinstance(size, str):
-                torch._dynamo.maybe_mark_dynamic(leaf, axis)
-
-
-def warm_up(
-    fn: Callable[..., Any],
-    graph_spec: GraphSpec,
-    data: list[Sample],
-    device: torch.device | None,
-    context: Callable[[], Any],
-    mark_dynamic: bool,
-) -> None:
-    """Run ``fn`` on synthesized inputs (first one marked dynamic if asked) and once on each recorded sample."""
-    device = device or torch.device("cpu")
-    try:
-        examples = [graph_spec.example_inputs(bs, device=device) for bs in example_batch_sizes(graph_spec)]
-    except UnsupportedInputError:
-        examples = []  # the inputs hold objects that cannot be synthesized (e.g. a KV cache): recorded calls only
-    calls = [*examples, *(clone_sample(s) for s in data)]
-    if mark_dynamic and calls:
-        mark_symbolic_axes(calls[0], graph_spec)
-    with torch.no_grad(), context():
-        for args, kwargs in calls:
-            fn(*args, **kwargs)
-
-
-# Inductor backend ---------------------------------------------------------------------------------
+__all__ = [  # the shared helpers are re-exported for the modules that import them from here
+    "BUILD_LOG_NAME", "INERT_INDUCTOR_OPTIONS", "TorchInductorBackend", "TorchInductorBackendConfig", "build_failure",
+    "clone_sample", "example_batch_sizes", "mark_symbolic_axes", "unsafe_inductor_options",
+    "validate_inductor_options", "warm_up", "watch_recompile_limit",
+]
 
 
 def _mode_names() -> list[str]:
@@ -260,6 +197,7 @@ class TorchInductorBackend(Backend):
         if self._module is None or self._graph_spec is None:
             raise RuntimeError("Backend has not been properly initialized. Please call build() first.")
         config = self._config
+        watch_recompile_limit()
         compiled = torch.compile(
             original_forward(self._module),
             fullgraph=config.fullgraph,

@@ -29,8 +29,8 @@ from torch import nn
 
 from torch_tweak.errors import BackendUnavailableError, BuildError, ConfigError, UnsupportedInputError
 from torch_tweak.torch.backend import _warm_package
+from torch_tweak.torch.backend._compile_helpers import build_failure, warm_up, watch_recompile_limit
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
-from torch_tweak.torch.backend.torch_inductor import build_failure, warm_up
 from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample, dtype_from_name
@@ -290,6 +290,7 @@ class TorchAOBackend(Backend):
 
     def _compile(self, data: list[Sample]) -> None:
         assert self._quantized is not None and self._graph_spec is not None
+        watch_recompile_limit()
         compiled = torch.compile(self._quantized.forward, options=dict(self._compile_options) or None)
         try:
             with warnings.catch_warnings():  # torchao tensors have no stable cache hash (G4); harmless
