@@ -159,6 +159,9 @@ def add_systems(args: argparse.Namespace, mode: Mode, systems: list[System], loa
     records to the file (a system already there is replaced); the additions are listed in the tables' header."""
     path = args.out_dir / f"peers_{mode.name}.json"
     old = json.loads(path.read_text())
+    if args.tune_samples != old["meta"]["settings"].get("tune_samples", 8):
+        raise SystemExit(f"{path} was run with --tune-samples {old['meta']['settings'].get('tune_samples', 8)}; "
+                         "--add reuses that run's inputs, so pass the same number (or run anew)")
     workloads = [w for w in old["records"] if w in args.workloads.split(",")]
     for workload in workloads:
         eager = RUN_DIR / "records" / f"eager_{workload}_tune.json"
@@ -225,6 +228,10 @@ def main() -> None:
     parser.add_argument("--tt-task-metric", choices=("auto", "on", "off"), default="auto",
                         help="add the row 'tt.tune with the task metric' (tt.FidelityConfig(metric=...)): auto = when "
                              "the installed torch_tweak's FidelityConfig takes metric; on = always (fails without it)")
+    parser.add_argument("--tune-samples", type=int, default=8,
+                        help="tuning samples every tuner and quantizer sees (default 8); more give torch_tweak more "
+                             "recorded calls to calibrate int8 on and to judge candidates on held-out calls "
+                             "(tt.config.max_num_calibration_samples), and OpenVINO INT8 by hand the same calibration")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
     parser.add_argument("--from-json", type=Path, help="only rewrite the Markdown of an earlier run's JSON")
     parser.add_argument("--merge", action="store_true",
@@ -233,6 +240,8 @@ def main() -> None:
                         help="add (or redo) the given --systems in the mode's existing result file, reusing that run's "
                              "weights, inputs and eager references (benchmarks/.peer_envs/run must still be that run's)")
     args = parser.parse_args()
+    if args.tune_samples < 1:
+        parser.error("--tune-samples must be at least 1")
     if args.from_json:
         old = json.loads(args.from_json.read_text())
         data = report.assemble(old["meta"], MODES[old["meta"]["mode"]], old["dispatch"], old["records"])
@@ -283,7 +292,8 @@ def main() -> None:
         uptime(f"before {workload}", loads)
         log(f"workload {workload}: preparing weights and inputs ({loads[-1]['uptime']})")
         subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(HERE)!r}); from pathlib import "
-                        f"Path; from peers import workloads; workloads.prepare(Path({str(RUN_DIR)!r}), {workload!r})"],
+                        f"Path; from peers import workloads; workloads.prepare(Path({str(RUN_DIR)!r}), {workload!r}, "
+                        f"{args.tune_samples})"],
                        check=True, env={**os.environ, "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"},
                        stderr=subprocess.DEVNULL)
         results[workload] = run_workload(driver, workload, wanted)
@@ -291,6 +301,7 @@ def main() -> None:
                                                                           *sys.argv[1:]]))
     uptime("end", loads)
     meta.update({"peer_envs": env_info, "processes": driver.processes, "uptime": loads, "tt_task_metric": task_row})
+    meta["settings"]["tune_samples"] = args.tune_samples
     previous = args.out_dir / f"peers_{mode.name}.json"
     origin = {"command": meta["command"], "date": meta["date"], "wall_s": meta["wall_s"]}
     meta["origins"] = dict.fromkeys(results, origin)

@@ -369,7 +369,8 @@ def _notes(data: dict[str, Any]) -> list[str]:
            "BertModel(BertConfig()) with BERT's own initialisation (normal, std 0.02), untrained, on random token "
            "ids.",
            "* OpenVINO INT8: `nncf.quantize` with its defaults (preset PERFORMANCE; `model_type=TRANSFORMER` for the "
-           "encoder) on the 8 tuning samples torch_tweak tunes with, at batch 1; the layers it leaves unquantized "
+           f"encoder) on the {meta['settings'].get('tune_samples', 8)} tuning samples torch_tweak tunes with, at "
+           "batch 1; the layers it leaves unquantized "
            "run in OpenVINO's default precision (bf16 here). ONNX Runtime: `torch.onnx.export` (torch's default "
            "exporter) with dynamic batch (and sequence) axes, `InferenceSession` with CPUExecutionProvider, default "
            "graph optimizations, intra-op threads = cores.",

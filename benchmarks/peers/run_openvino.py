@@ -14,8 +14,8 @@ runs one inference.
 
 The ``ov_int8_*`` systems quantize the converted model with NNCF post-training quantization
 (``nncf.quantize`` with its defaults, ``model_type=TRANSFORMER`` for the encoder as NNCF's documentation
-asks for transformers) on the same calibration data torch_tweak tunes with: the 8 tuning samples, one
-at a time. The quantized IR is the same for both hints, so the second system of a run reuses the IR the
+asks for transformers) on the same calibration data torch_tweak tunes with: the tuning samples (8 unless
+``--tune-samples`` says otherwise), one at a time. The quantized IR is the same for both hints, so the second system of a run reuses the IR the
 first one quantized (its tune time includes the first one's convert and quantize time).
 """
 

@@ -2,7 +2,7 @@
 
     python run_tt.py --system {tt,tt_task,tt_loaded} --workload W --phase {tune,load,dispatch} ...
 
-``tune`` (systems ``tt`` and ``tt_task``): wrap the model, ``tt.tune`` it over the 8 tuning samples at the
+``tune`` (systems ``tt`` and ``tt_task``): wrap the model, ``tt.tune`` it over the tuning samples at the
 tuning batch sizes (timed), ``tt.save`` the result, check each output against eager (element-wise on
 the measured batches, task metric on the held-out samples) and time every batch size. ``tt`` uses the
 strategy's default fidelity check; ``tt_task`` passes the workload's task bound as

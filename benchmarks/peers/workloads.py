@@ -210,14 +210,14 @@ def _calibrate_batch_norm(model: nn.Module, batches: list[torch.Tensor]) -> None
     model.eval()
 
 
-def prepare(run_dir: Path, name: str) -> None:
+def prepare(run_dir: Path, name: str, tune_samples: int = 8) -> None:
     """Create the run's weights and inputs of a workload (the driver calls this once per run).
 
     ``resnet50``: batch-norm statistics averaged over :data:`CALIBRATION_BATCHES` batches of 8
     image-like inputs (seeds of their own, neither tuning nor held-out inputs). ``resnet50_random``: one
     pass in training mode over 8 white-noise images, which only keeps the activations from exploding
     through the 50 layers (random init alone lets them grow). Inputs: one batch per measured batch size,
-    8 tuning samples (``"tune"``: what every tuner and quantizer sees as its data) and the held-out
+    ``tune_samples`` tuning samples (``"tune"``: what every tuner and quantizer sees as its data) and the held-out
     samples for the task metric (``"eval"``).
     """
     workload = WORKLOADS[name]
@@ -228,7 +228,7 @@ def prepare(run_dir: Path, name: str) -> None:
         _calibrate_batch_norm(model, [sample(workload, 8, seed=99)])
     torch.save(model.state_dict(), run_dir / f"{name}.weights.pt")
     inputs = {str(b): sample(workload, b, seed=10 + b) for b in workload.batch_sizes}
-    inputs["tune"] = torch.stack([sample(workload, None, seed=100 + i) for i in range(8)])
+    inputs["tune"] = torch.stack([sample(workload, None, seed=100 + i) for i in range(tune_samples)])
     inputs["eval"] = sample(workload, workload.eval_count, seed=5000)
     torch.save(inputs, run_dir / f"{name}.inputs.pt")
     numpy_inputs = {f"b{key}": value.numpy() for key, value in inputs.items() if key not in ("tune", "eval")}
@@ -238,6 +238,6 @@ def prepare(run_dir: Path, name: str) -> None:
 
 
 def load_inputs(run_dir: Path, name: str) -> dict[str, torch.Tensor]:
-    """The inputs saved by :func:`prepare`: one batch per measured batch size, 8 tuning samples (``"tune"``)
+    """The inputs saved by :func:`prepare`: one batch per measured batch size, the tuning samples (``"tune"``)
     and the held-out samples (``"eval"``)."""
     return torch.load(run_dir / f"{name}.inputs.pt", weights_only=True)
