@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from torch_tweak.torch.backend import TorchEagerBackend
 from torch_tweak.torch.testing import (
     FailingBuildBackend,
     NaNBackend,
+    OwnCopyBackend,
     WrongOutputBackend,
     WrongShapeBackend,
 )
@@ -31,17 +31,6 @@ from torch_tweak.torch.testing import (
 
 def one(backend=None) -> tt.OneBackendStrategy:
     return tt.OneBackendStrategy(backend or TorchEagerBackend())
-
-
-class OwnCopyBackend(TorchEagerBackend):
-    """Runs a private copy of the module, so the original weights are not needed after tuning."""
-
-    requires_original_module = False
-
-    def _build(self, module, graph_spec, data, cache_dir):
-        super()._build(copy.deepcopy(module), graph_spec, data, cache_dir)
-        self._forward = self._module.forward
-        return self
 
 
 def test_tune_returns_report_and_dispatches():

@@ -8,11 +8,13 @@ of the first axis. All run the module eagerly otherwise.
 For the measuring strategies: :class:`FakeClock` is a manual clock to inject into ``ProfilingConfig``;
 ``TimedBackend`` advances it by a configured cost per call (optionally growing with the batch size,
 alternating jitter, or an out-of-memory error above a batch size); ``HangingBackend`` blocks in infer
-until released, to exercise the per-candidate time limit.
+until released, to exercise the per-candidate time limit. ``OwnCopyBackend`` runs a private copy of the
+module, so tuning releases the original weights.
 """
 
 from __future__ import annotations
 
+import copy
 import sys
 import threading
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ from torch import nn
 from torch_tweak.errors import BuildError
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.backend.torch_eager import TorchEagerBackend
+from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample, flatten_sample, map_tensors
 
@@ -170,3 +173,15 @@ class HangingBackend(TorchEagerBackend):
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
         self._event.value.wait(self.max_wait_s)
         return super()._infer(*args, **kwargs)
+
+
+class OwnCopyBackend(TorchEagerBackend):
+    """Eager on a private copy of the module, so the original weights are not needed after tuning (as with
+    OpenVINO or ONNX Runtime, whose runtimes hold their own copy)."""
+
+    requires_original_module = False
+
+    def _build(self, module: nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> Backend:
+        with pristine(module):
+            private = copy.deepcopy(module)
+        return super()._build(private, graph_spec, data, cache_dir)
