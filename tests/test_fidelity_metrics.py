@@ -10,6 +10,7 @@ from toy_models import mlp
 
 import torch_tweak.torch as tt
 from torch_tweak.errors import ConfigError
+from torch_tweak.torch.fidelity import check_calls
 from torch_tweak.torch.fidelity_metrics import cosine, relative_l2, task_metric, topk_agreement
 from torch_tweak.torch.testing import WrongOutputBackend
 
@@ -58,6 +59,26 @@ def test_user_metric_with_threshold_and_direction():
     assert metric.name == "answer_matches" and metric.judge([1.0, 1.0]) == (1.0, True)
     lower = task_metric(lambda r, c: float((r - c).abs().max()), threshold=0.1, higher_is_better=False)
     assert lower.judge([0.05, 0.2]) == (0.2, False)
+
+
+def _logits(rows: int, flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    eager = torch.tensor([[2.0, 1.0, 0.0]] * rows)
+    return eager, (eager.flip(-1) if flip else eager + 0.01)
+
+
+def test_topk_is_pooled_over_calls_other_metrics_are_judged_by_the_worst_call():
+    calls = [(*_logits(1, flip=i == 3), i % 2 == 1) for i in range(10)]  # batch-1 calls, one arg-max flipped
+    result = check_calls(iter(calls), "int8", tt.FidelityConfig(metric="topk", threshold=0.85))
+    assert result.passed and result.metric_value == pytest.approx(0.9)  # call by call, the flip would give 0
+    assert (result.samples, result.held_out_samples) == (10, 5)
+    result = check_calls(iter(calls), "int8", tt.FidelityConfig(metric="topk", threshold=0.95))
+    assert not result.passed and "top1 = 0.9 over 10 rows of 10 call(s)" in result.message
+    weighted = check_calls(iter([(*_logits(3), False), (*_logits(1, flip=True), True)]), "int8",
+                           tt.FidelityConfig(metric="topk", threshold=0.5))
+    assert weighted.passed and weighted.metric_value == pytest.approx(0.75)  # rows, not calls, are averaged
+    worst = check_calls(iter(calls), "int8", tt.FidelityConfig(metric="cosine", threshold=0.99))
+    assert not worst.passed and worst.samples == 4  # the flipped call fails, and ends the check
+    assert check_calls(iter([]), "fp32") is None
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -16,7 +16,8 @@ Integer and bool outputs (token ids, masks) must match exactly in fp32 and may d
 
 With ``FidelityConfig(metric=...)`` the values are judged like the task instead (cosine of embeddings, top-k
 agreement of logits, relative L2, or a user callable; :mod:`torch_tweak.torch.fidelity_metrics`): the
-worst value over the recorded samples must meet the threshold, and the report shows it next to the bound.
+worst value over the recorded samples (for top-k, the share of agreeing rows over all of them) must meet the
+threshold, and the report shows it next to the bound. :func:`check_calls` judges a candidate over many calls.
 
 Recorded samples are finite, so they cannot show whether a candidate turns invalid input into plausible
 output (OpenVINO's CPU plugin maps NaN to a finite value in ReLU, Clamp, Maximum, MaxPool and ReduceMax, so
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -224,8 +225,41 @@ class FidelityResult:
         return self
 
 
-def check_fidelity(expected: Any, actual: Any, precision: str, config: FidelityConfig | None = None) -> FidelityResult:
-    """Compare ``actual`` outputs with ``expected`` (eager) outputs for a candidate running ``precision``."""
+def check_calls(calls: Iterable[tuple[Any, Any, bool]], precision: str,
+                config: FidelityConfig | None = None) -> FidelityResult | None:
+    """Judge a candidate over recorded calls, given lazily as ``(eager outputs, candidate outputs, held out)``.
+
+    Each call is checked with :func:`check_fidelity` and the first failure ends the check; a pooled task metric
+    (top-k) is judged once, over all calls. The result counts the calls judged (``samples``) and the held-out
+    ones among them. None when there is no call.
+    """
+    config = config or FidelityConfig()
+    task = config.task
+    pooled = task is not None and task.pooled
+    result: FidelityResult | None = None
+    total = rows = 0.0
+    for expected, actual, held_out in calls:
+        current = check_fidelity(expected, actual, precision, config, judge_task=not pooled)
+        current.samples, current.held_out_samples = 1, int(held_out)
+        if pooled and current.metric_value is not None and task is not None and task.weight is not None:
+            weight = task.weight(expected)
+            total, rows = total + current.metric_value * weight, rows + weight
+        result = current if result is None else result.merge(current)
+        if not current.passed:
+            return result
+    if result is not None and pooled and task is not None:
+        result.metric_value = total / rows if rows else 1.0
+        value, ok = task.judge([result.metric_value])
+        if not ok:
+            _fail(result, f"task metric {task.name} = {value:.5g} over {rows:g} rows of {result.samples} call(s), needs "
+                          f"{task.describe()}")
+    return result
+
+
+def check_fidelity(expected: Any, actual: Any, precision: str, config: FidelityConfig | None = None,
+                   judge_task: bool = True) -> FidelityResult:
+    """Compare ``actual`` outputs with ``expected`` (eager) outputs for a candidate running ``precision``;
+    ``judge_task=False`` measures a task metric without judging it (:func:`check_calls` pools it)."""
     config = config or FidelityConfig()
     tolerance, task = config.tolerance_for(precision), config.task
     result = FidelityResult(True, precision, tolerance.describe() if task is None else task.describe())
@@ -240,18 +274,21 @@ def check_fidelity(expected: Any, actual: Any, precision: str, config: FidelityC
         if message:
             return _fail(result, f"output tensor {index}: {message}")
     if task is not None:
-        return _judge_task(task, expected, actual, result)
+        return _judge_task(task, expected, actual, result, judge_task)
     return result
 
 
-def _judge_task(task: TaskMetric, expected: Any, actual: Any, result: FidelityResult) -> FidelityResult:
-    """Judge one sample's outputs by the task metric (a user metric that raises fails the candidate)."""
+def _judge_task(task: TaskMetric, expected: Any, actual: Any, result: FidelityResult, judge: bool) -> FidelityResult:
+    """Judge one sample's outputs by the task metric (a user metric that raises fails the candidate); with
+    ``judge=False`` only measure it."""
     result.metric, result.metric_higher_is_better = task.describe(), task.higher_is_better
     try:
         value = float(task.function(expected, actual))
     except Exception as exc:  # noqa: BLE001 - a user's metric failing is a finding about the candidate
         return _fail(result, f"the task metric {task.name} raised {type(exc).__name__}: {exc}")
     result.metric_value = value
+    if not judge:
+        return result
     worst, ok = task.judge([value])
     if not ok:
         return _fail(result, f"task metric {task.name} = {worst:.5g}, needs {task.describe()}")

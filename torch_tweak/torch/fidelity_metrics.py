@@ -17,8 +17,13 @@ name         value                                                              
 ===========  ======================================================================  ==========  =========
 
 A user metric is a callable ``metric(reference_outputs, candidate_outputs) -> float`` over one sample's
-outputs (the module's own output structure), higher is better unless ``higher_is_better=False``; the
-worst value over the samples is compared with the threshold.
+outputs (the module's own output structure), higher is better unless ``higher_is_better=False``.
+
+Over several recorded calls, ``cosine``, ``rel_l2`` and user metrics are judged by their worst value (each
+call must meet the threshold). ``topk`` is a share of rows, like the accuracy it stands for, so it is pooled:
+the share of agreeing rows over all judged calls (each call weighted by its number of rows) must meet the
+threshold. Judging it call by call would reject a classifier for one flipped arg-max among many batch-1 calls
+(a call of one row agrees 0 % or 100 %), however rare the flips are.
 """
 
 from __future__ import annotations
@@ -72,6 +77,14 @@ def topk_agreement(reference: Any, candidate: Any, k: int = 1) -> float:
     return min(overlaps) if overlaps else 1.0
 
 
+def topk_rows(reference: Any, k: int = 1) -> float:
+    """The number of rows :func:`topk_agreement` compares in ``reference`` (of its first output that has any)."""
+    for e in flatten(reference)[0]:
+        if e.is_floating_point() and e.numel() and e.dim() and e.shape[-1] >= k:
+            return float(e.numel() // e.shape[-1])
+    return 0.0
+
+
 def relative_l2(reference: Any, candidate: Any) -> float:
     """``‖candidate - eager‖ / ‖eager‖`` over every floating-point output."""
     diff = ref = 0.0
@@ -94,6 +107,12 @@ class TaskMetric:
     function: Callable[[Any, Any], float]
     threshold: float
     higher_is_better: bool
+    weight: Callable[[Any], float] | None = None  # pooled metrics: a call's weight (rows); None: judged by the worst
+
+    @property
+    def pooled(self) -> bool:
+        """True when the metric is judged over all calls together (a weighted mean), not call by call."""
+        return self.weight is not None
 
     def judge(self, values: list[float]) -> tuple[float, bool]:
         """The worst value over the samples and whether it meets the threshold."""
@@ -127,7 +146,9 @@ def task_metric(metric: str | Callable[[Any, Any], float], threshold: float | No
             "topk": lambda reference, candidate: topk_agreement(reference, candidate, k),
         }[metric]
         name = f"top{k}" if metric == "topk" else metric
-        return TaskMetric(name, function, default_threshold if threshold is None else float(threshold), default_higher)
+        weight = (lambda reference: topk_rows(reference, k)) if metric == "topk" else None
+        return TaskMetric(name, function, default_threshold if threshold is None else float(threshold), default_higher,
+                          weight)
     if not callable(metric):
         raise ConfigError(f"FidelityConfig.metric must be None, a built-in name or a callable, got {type(metric).__name__}.")
     if threshold is None:

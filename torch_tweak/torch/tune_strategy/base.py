@@ -27,9 +27,8 @@ from torch_tweak.torch.fidelity import (
     NON_FINITE_GUARD,
     PROBE_FAILED,
     FidelityConfig,
-    FidelityResult,
     NonFiniteProbe,
-    check_fidelity,
+    check_calls,
     guarded_probes,
     probe_non_finite,
     probe_sample,
@@ -196,25 +195,22 @@ class TuneStrategy(ABC):
 
     def _check(self, backend: Backend, task: GraphTask, row: CandidateReport) -> Backend:
         """Compare ``backend`` on the recorded samples, then probe it; returns it, or it behind the guard."""
-        result: FidelityResult | None = None
-        judged = held_out = 0
-        for (args, kwargs), expected, unseen in task.judged_calls():
-            try:
-                with torch.no_grad():
-                    outputs = backend.infer(*args, **kwargs)
-            except Exception as exc:
-                row.status = INFER_FAILED
-                row.error = f"{type(exc).__name__}: {exc}"
-                release_quietly(backend)
-                raise CandidateFailedError(row) from exc
-            current = check_fidelity(expected, outputs, row.precision or "fp32", self.fidelity)
-            result = current if result is None else result.merge(current)
-            judged, held_out = judged + 1, held_out + unseen
-            if not current.passed:
-                break
+
+        def outputs() -> Iterator[tuple[Any, Any, bool]]:
+            for (args, kwargs), expected, held_out in task.judged_calls():
+                try:
+                    with torch.no_grad():
+                        actual = backend.infer(*args, **kwargs)
+                except Exception as exc:
+                    row.status = INFER_FAILED
+                    row.error = f"{type(exc).__name__}: {exc}"
+                    release_quietly(backend)
+                    raise CandidateFailedError(row) from exc
+                yield expected, actual, held_out
+
+        result = check_calls(outputs(), row.precision or "fp32", self.fidelity)
         if result is None:
             return backend
-        result.samples, result.held_out_samples = judged, held_out
         sample = probe_sample(task.samples)
         if result.passed and self.fidelity.check_non_finite and sample is not None:
             probes = probe_non_finite(task.module, backend.infer, sample, task.graph_spec)
