@@ -114,7 +114,8 @@ class FidelityConfig:
             task metric (``"cosine"``, ``"topk"``, ``"rel_l2"``) or a callable
             ``metric(reference_outputs, candidate_outputs) -> float`` (see :mod:`torch_tweak.torch.fidelity_metrics`).
             With a metric, structure, shapes and finiteness are still checked element by element; the values are
-            judged by the metric's worst value over the recorded samples against ``threshold``.
+            judged against ``threshold`` by the metric's worst value over the recorded samples (``topk``: the
+            share of agreeing rows over all of them).
         threshold: the metric's bound (built-in defaults: cosine 0.99, topk 0.99, rel_l2 0.05).
         k: ``k`` of the ``"topk"`` metric.
         higher_is_better: direction of a callable metric (default True).

@@ -194,7 +194,8 @@ class TuneStrategy(ABC):
         return backend, row
 
     def _check(self, backend: Backend, task: GraphTask, row: CandidateReport) -> Backend:
-        """Compare ``backend`` on the recorded samples, then probe it; returns it, or it behind the guard."""
+        """Compare ``backend`` on the recorded calls (:meth:`GraphTask.judged_calls`: the in-memory samples and
+        the held-out calls kept on disk, one at a time), then probe it; returns it, or it behind the guard."""
 
         def outputs() -> Iterator[tuple[Any, Any, bool]]:
             for (args, kwargs), expected, held_out in task.judged_calls():
