@@ -160,7 +160,7 @@ class SampleStore:
             raise IndexError(f"{self.folder} holds {self.count} call(s); there is no call {index}.")
         with safe_open(str(self._path(index)), framework="pt") as handle:
             meta = handle.metadata() or {}
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
         inputs = _placed(tensors, "input", json.loads(meta["input_devices"]))
         sample = unflatten_sample(self._inputs, inputs)
         outputs = None
