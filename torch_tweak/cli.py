@@ -63,6 +63,9 @@ def _verify(args: argparse.Namespace) -> int:
     if summary.get("native_code"):
         print(f"  native code: module(s) {', '.join(summary['native_code'])} run compiled code when loaded; tt.load "
               "refuses them unless trust_native_code=True or a verify_key matches the signature")
+    if summary.get("warm_native_code"):
+        print(f"  warm-load packages (native code): module(s) {', '.join(summary['warm_native_code'])} load without "
+              "compiling only with trust_native_code=True or a matching verify_key; otherwise they compile at load")
     changes = summary.get("environment_changes") or {}
     if changes.get("missing_cpu_flags"):
         print(f"  note: saved on a CPU with {', '.join(changes['missing_cpu_flags'])}, which this CPU lacks")

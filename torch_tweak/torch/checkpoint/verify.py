@@ -13,8 +13,9 @@ from torch_tweak.torch.checkpoint.manifest import compare_environment, parse_mod
 
 def verify(path: str | os.PathLike[str], *, verify_key: Any = None) -> dict[str, Any]:
     """Verify every member of the checkpoint at ``path``, audit its manifest as ``tt.load`` does, and summarize
-    it; raise CheckpointError if it is bad. Native code is reported (``native_code``), not refused; with
-    ``verify_key`` the signature must verify.
+    it; raise CheckpointError if it is bad. Native code is reported (``native_code``: required by the module;
+    ``warm_native_code``: warm-load packages used only when trusted), not refused; with ``verify_key`` the
+    signature must verify.
 
     Returns:
         ``{"path", "format_version", "created", "environment", "environment_changes", "signed", "native_code",
@@ -35,6 +36,7 @@ def verify(path: str | os.PathLike[str], *, verify_key: Any = None) -> dict[str,
                                 "versions": {k: list(v) for k, v in diff.versions.items()}},
         "signed": checked.signed,
         "native_code": checked.native,
+        "warm_native_code": checked.optional_native,
         "modules": [{"name": m.name, "path": path_text(m.path), "class": m.class_name,
                      "graphs": [{"name": g.name, "backend": g.backend_type} for g in m.graphs]} for m in modules],
     }
