@@ -68,12 +68,14 @@ def test_get_modules_outermost_first_with_min_depth_and_filters():
     top = [m.name for m in report.get_modules()]
     assert top[0] == "model" and set(top) == {"model", "parts['post']", "steps[0]"}
     assert [m.name for m in report.get_modules(limit=1)] == ["model"]
-    assert [m.name for m in report.get_modules(min_execution_percentage=50)] == ["model"]
+    assert [m.name for m in report.get_modules(min_execution_percentage=0.5)] == ["model"]  # a fraction: 50 %
     deeper = tt.inspect(pipe.model, data(), number_of_iterations=2, warmup_iterations=0, min_depth=1)
     assert [m.name for m in deeper.get_modules()] == ["big", "small"]
-    for bad in ({"min_execution_percentage": 150}, {"min_execution_percentage": -1}, {"limit": 0}, {"limit": 1.5}):
+    for bad in ({"min_execution_percentage": 1.5}, {"min_execution_percentage": -1}, {"limit": 0}, {"limit": 1.5}):
         with pytest.raises(ConfigError):
             report.get_modules(**bad)
+    with pytest.raises(ConfigError, match=r"0.1 means 10 %.*for 5 % write 0.05"):
+        report.get_modules(min_execution_percentage=5)
 
 
 def test_inspect_bad_arguments():

@@ -9,7 +9,13 @@ variable                       setting                                     defau
 ``TORCH_TWEAK_DEVICE``         ``config.default_device``                   ``cpu``
 ``TORCH_TWEAK_STRICT_MODE``    ``config.strict_mode``                      true
 ``TORCH_TWEAK_PROGRESS``       ``config.progress`` (true/false/auto)       auto (a TTY)
+``TORCH_TWEAK_CONSOLE_OUTPUT`` ``config.console_output``                   false
+``TORCH_TWEAK_SYSTEM_MONITOR`` ``config.system_monitor``                   false
+``TORCH_TWEAK_INSPECT_DEBUG``  ``config.inspect_debug``                    false
 =============================  ==========================================  ====================
+
+The last three and the settings ``min_num_samples`` and ``enable_hf_integrations`` exist for code written
+for the reference Torch Tweak (``docs/migrating.md``).
 """
 
 from __future__ import annotations
@@ -72,6 +78,15 @@ class TorchTweakConfig:
         progress: live progress display during ``tt.tune``; None means "when stderr is a terminal".
         llm_phase_detection: calls of a language model (a ``cache_position`` argument or a KV cache
             passed as ``past_key_values``/``cache``) are split into a prefill and a decode graph.
+        console_output: a backend build's output goes to the console as well as to its ``build.log``
+            (output written by native code straight to the file descriptors then reaches the console only).
+        system_monitor: log the process's peak memory and CPU time after each module is tuned at INFO
+            instead of DEBUG.
+        inspect_debug: ``tt.inspect`` logs every module it visits and the executed tree at DEBUG.
+        min_num_samples: accepted for reference compatibility (at least 1); torch_tweak tunes with the calls
+            the dataset produces and does not use it.
+        enable_hf_integrations: register Hugging Face container types (static KV caches) and detect LLM
+            prefill/decode phases; False turns both off (the same switch as ``llm_phase_detection`` for phases).
     """
 
     cache_dir: Path = field(default_factory=_default_cache_dir)
@@ -83,6 +98,11 @@ class TorchTweakConfig:
     on_unknown_signature: str = "error"
     progress: bool | None = field(default_factory=lambda: _env_bool("TORCH_TWEAK_PROGRESS", None))
     llm_phase_detection: bool = True
+    console_output: bool = field(default_factory=lambda: bool(_env_bool("TORCH_TWEAK_CONSOLE_OUTPUT", False)))
+    system_monitor: bool = field(default_factory=lambda: bool(_env_bool("TORCH_TWEAK_SYSTEM_MONITOR", False)))
+    inspect_debug: bool = field(default_factory=lambda: bool(_env_bool("TORCH_TWEAK_INSPECT_DEBUG", False)))
+    min_num_samples: int = 100
+    enable_hf_integrations: bool = True
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in {f.name for f in fields(self)}:
@@ -101,12 +121,15 @@ def _validate(name: str, value: Any) -> Any:
         if not isinstance(value, (str, os.PathLike)):
             raise ConfigError(f"tt.config.cache_dir must be a path, got {type(value).__name__}.")
         return Path(value).expanduser()
-    if name in ("strict_mode", "llm_phase_detection"):
+    if name in ("strict_mode", "llm_phase_detection", "console_output", "system_monitor", "inspect_debug",
+                "enable_hf_integrations"):
         return check_bool(value, f"tt.config.{name}")
     if name == "progress":
         return check_bool(value, "tt.config.progress (None: automatic)", allow_none=True)
     if name == "max_num_samples_stored":
         return check_int(value, "tt.config.max_num_samples_stored", minimum=1)
+    if name == "min_num_samples":
+        return check_int(value, "tt.config.min_num_samples", minimum=1)
     if name == "max_num_calibration_samples":
         return check_int(value, "tt.config.max_num_calibration_samples", minimum=0)
     if name == "default_device":

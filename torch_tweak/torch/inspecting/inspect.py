@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -12,9 +13,12 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import ConfigError
+from torch_tweak.torch.config import config
 from torch_tweak.torch.dataset import dataset_items, iter_batches
 from torch_tweak.torch.module.walk import path_name, walk
 from torch_tweak.utils.table import format_table
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,6 +47,33 @@ class ModuleInfo:
         """Average time per call."""
         return self.total_time_s / self.calls if self.calls else 0.0
 
+    # names used by the reference Torch Tweak (docs/migrating.md)
+
+    @property
+    def execution_count(self) -> int:
+        """Same as :attr:`calls`."""
+        return self.calls
+
+    @property
+    def total_execution_time(self) -> float:
+        """Same as :attr:`total_time_s` (seconds)."""
+        return self.total_time_s
+
+    @property
+    def average_execution_time(self) -> float:
+        """Same as :attr:`mean_time_s` (seconds)."""
+        return self.mean_time_s
+
+    @property
+    def module_type(self) -> str:
+        """The module's class name."""
+        return type(self.module).__name__
+
+    @property
+    def num_layers(self) -> int:
+        """Number of direct child modules."""
+        return sum(1 for _ in self.module.children())
+
     @property
     def num_parameters(self) -> int:
         """Number of parameter elements."""
@@ -70,17 +101,19 @@ class InspectionReport:
         """The outermost executed modules at depth >= ``min_depth``, heaviest first.
 
         Args:
-            min_execution_percentage: keep modules taking at least this share (0-100) of the time.
+            min_execution_percentage: keep modules taking at least this fraction of the total time, as in the
+                reference Torch Tweak: ``0.1`` means 10 %. A value above 1 is refused (write 5 % as ``0.05``).
             limit: return at most this many.
         """
-        if min_execution_percentage is not None and (
-            isinstance(min_execution_percentage, bool) or not isinstance(min_execution_percentage, (int, float))
-            or not 0 <= min_execution_percentage <= 100
-        ):
-            raise ConfigError(f"min_execution_percentage must be a number in [0, 100], got {min_execution_percentage!r}.")
+        fraction = min_execution_percentage
+        number = isinstance(fraction, (int, float)) and not isinstance(fraction, bool)
+        if fraction is not None and (not number or not 0 <= fraction <= 1):
+            hint = f" (for {fraction:g} % write {fraction / 100:g})" if number and 1 < fraction <= 100 else ""
+            raise ConfigError(f"min_execution_percentage is a fraction of the total time in [0, 1] (0.1 means 10 %), "
+                              f"got {fraction!r}{hint}.")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ConfigError(f"limit must be a positive integer or None, got {limit!r}.")
-        threshold = min_execution_percentage or 0.0
+        threshold = 100.0 * (fraction or 0.0)
         selected = [m for m in self.modules if m.calls and m.depth >= self.min_depth and self.share(m) >= threshold]
         names = {m.name for m in selected}
         by_name = {m.name: m for m in self.modules}
@@ -141,6 +174,9 @@ def inspect(
     calls = list(iter_batches(items, 1))
     infos = [ModuleInfo(f.name, f.module, f.depth, path_name(f.parent) if f.parent is not None else None)
              for f in walk(obj, max_depth=max_depth)]
+    if config.inspect_debug:
+        for info in infos:
+            logger.debug("inspect visits %s (%s, depth %d)", info.name or "<root>", type(info.module).__name__, info.depth)
     handles = []
     try:
         for info in infos:
@@ -160,6 +196,11 @@ def inspect(
     finally:
         for handle in handles:
             handle.remove()
+    if config.inspect_debug:
+        for info in infos:
+            if info.calls:
+                logger.debug("inspect: %s%s ran %d time(s), %.3f ms", "  " * info.depth, info.name or "<root>",
+                             info.calls, info.total_time_s * 1e3)
     return InspectionReport(infos, total, min_depth)
 
 

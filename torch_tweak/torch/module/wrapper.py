@@ -201,7 +201,8 @@ class Module:
         recorder = state.recorder
         if state.session_id != session.id or recorder is None:
             recorder = state.start_recording(session.id, _config.strict_mode, _config.max_num_samples_stored,
-                                             _config.llm_phase_detection, session.stores_for(self))
+                                             _config.llm_phase_detection and _config.enable_hf_integrations,
+                                             session.stores_for(self))
         session.note(self)
         return recorder.record_call(state.original, args, kwargs, session.batch_size)
 

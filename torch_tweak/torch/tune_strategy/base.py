@@ -11,7 +11,7 @@ import copy
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,10 +19,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from torch_tweak.errors import FidelityError, TorchTweakError
+from torch_tweak.errors import ConfigError, FidelityError, TorchTweakError
 from torch_tweak.torch import progress
 from torch_tweak.torch.backend.backend import Backend, BackendState
 from torch_tweak.torch.backend.non_finite_guard import NonFiniteGuardBackend
+from torch_tweak.torch.backend.torch_eager import TorchEagerBackend
+from torch_tweak.torch.config import config
 from torch_tweak.torch.fidelity import (
     NON_FINITE_GUARD,
     PROBE_FAILED,
@@ -38,7 +40,10 @@ from torch_tweak.torch.module.recording import RecordedSample
 from torch_tweak.torch.module.sample_store import SampleStore
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample
+from torch_tweak.torch.profiling import ProfilingConfig, SweepResult
 from torch_tweak.torch.report.report import BUILD_FAILED, INFER_FAILED, PASSED, REJECTED, CandidateReport, GraphReport
+from torch_tweak.torch.tune_strategy.results import Plan
+from torch_tweak.torch.tune_strategy.sweeping import sweep_backend
 from torch_tweak.utils.capture import capture_output
 from torch_tweak.utils.permissions import secure_mkdir
 
@@ -97,6 +102,10 @@ class GraphTask:
                 yield inputs, outputs, True
 
 
+#: Measures a built backend on a task with a plan; the last argument is a cancel Event (or None).
+Measure = Callable[[Backend, GraphTask, Plan, Any], SweepResult]
+
+
 class CandidateFailedError(TorchTweakError, RuntimeError):
     """A candidate failed to build or was rejected; ``report`` holds its row, ``__cause__`` the error."""
 
@@ -116,9 +125,58 @@ class TuneStrategy(ABC):
     ``fidelity.non_finite == "guard"`` (the default) and the probes pass through the guard.
     """
 
+    #: Largest batch size the max-batch-size search tries.
+    max_batch_size_limit: int = 256
+    #: Seconds one candidate (or the max-batch-size search) may take; None: no limit.
+    candidate_time_limit_s: float | None = 600.0
+
     def __init__(self, fidelity: FidelityConfig | None = None) -> None:
         self._correctness_check = True
         self.fidelity = fidelity or FidelityConfig()
+        self.find_max_batch_size = False
+        self._search_profiling: ProfilingConfig | None = None
+        self._search_backend: Backend | None = None
+
+    # max-batch-size search (batch_search.py); off by default, the reference's setters --------------
+
+    def enable_find_max_batch_size(self, enable: bool = True) -> TuneStrategy:
+        """Turn the max-batch-size search on or off (off by default; the reference Torch Tweak has it on).
+
+        Before choosing a backend for a graph with a batch axis, the built-in strategies measure eager over
+        powers of two and widen the graph's max batch size to the one with the highest throughput.
+        Returns ``self``.
+        """
+        self.find_max_batch_size = bool(enable)
+        return self
+
+    def set_find_max_batch_size_profiling_config(self, profiling: ProfilingConfig) -> TuneStrategy:
+        """Measure the max-batch-size search with ``profiling`` instead of the strategy's own. Returns ``self``."""
+        if not isinstance(profiling, ProfilingConfig):
+            raise ConfigError(
+                f"set_find_max_batch_size_profiling_config needs a torch_tweak.torch.profiling.ProfilingConfig, got "
+                f"{type(profiling).__name__}. The reference's ProfilingConfig (batch sizes, stop strategies) has no "
+                "equivalent here: the search always tries powers of two up to max_batch_size_limit."
+            )
+        self._search_profiling = profiling
+        return self
+
+    def set_find_max_batch_size_default_backend_class(self, backend_class: type[Backend]) -> TuneStrategy:
+        """Run the max-batch-size search on ``backend_class()`` (default: eager). Returns ``self``."""
+        if not (isinstance(backend_class, type) and issubclass(backend_class, Backend)):
+            raise ConfigError(f"set_find_max_batch_size_default_backend_class needs a Backend subclass (e.g. "
+                              f"TorchEagerBackend), got {backend_class!r}.")
+        self._search_backend = backend_class()
+        return self
+
+    def batch_search_baseline(self) -> Backend:
+        """The backend the max-batch-size search measures."""
+        return self._search_backend if self._search_backend is not None else TorchEagerBackend()
+
+    def batch_search_measure(self) -> Measure:
+        """How the max-batch-size search measures a built backend."""
+        profiling = self._search_profiling or ProfilingConfig()
+        return lambda backend, task, plan, cancel: sweep_backend(backend, task.graph_spec, task.device, plan,
+                                                                 profiling, cancel)
 
     def enable_correctness_check(self, enable: bool = True) -> TuneStrategy:
         """Turn the fidelity check on or off (on by default). Returns ``self``."""
@@ -176,7 +234,7 @@ class TuneStrategy(ABC):
         start = time.perf_counter()
         try:
             data = task.calibration_data() if backend.needs_calibration else task.data()
-            with capture_output(log_path):
+            with capture_output(log_path, console=config.console_output):
                 backend.build(task.module, task.graph_spec, data, task.device, cache_dir)
         except Exception as exc:
             row.build_time_s = time.perf_counter() - start

@@ -1,6 +1,7 @@
 """Max-batch-size search on eager: find the batch size with the highest throughput, widen the graph to it.
 
-Opt-in per strategy (``find_max_batch_size=True`` or ``enable_find_max_batch_size()``). Only graphs with
+Opt-in per strategy (``enable_find_max_batch_size()`` on any strategy, or ``find_max_batch_size=True`` for
+the measuring ones); every built-in strategy runs it first through :func:`search_if_enabled`. Only graphs with
 a batch axis are searched: running an unbatched graph "at batch 8" would just repeat the same call and
 report a throughput that does not exist.
 """
@@ -9,13 +10,13 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.torch.config import config
 from torch_tweak.torch.profiling import SweepResult, power_of_two_batch_sizes
 from torch_tweak.torch.profiling.limit import run_with_time_limit
-from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task, release_quietly
+from torch_tweak.torch.tune_strategy.base import GraphTask, Measure, TuneStrategy, describe_task, release_quietly
 from torch_tweak.torch.tune_strategy.results import Plan
 from torch_tweak.utils.capture import capture_output
 from torch_tweak.utils.permissions import secure_mkdir
@@ -25,8 +26,12 @@ logger = logging.getLogger(__name__)
 SEARCH_DIR = "find_max_batch_size"
 
 
-#: Measures a built backend on a task with a plan (``MeasuringStrategy._measure_backend``); cancel is an Event.
-Measure = Callable[[Backend, GraphTask, Plan, Any], SweepResult]
+def search_if_enabled(strategy: TuneStrategy, task: GraphTask) -> int | None:
+    """Run :func:`search_max_batch_size` with ``strategy``'s settings when it has the search enabled."""
+    if not strategy.find_max_batch_size:
+        return None
+    return search_max_batch_size(task, strategy.batch_search_baseline(), strategy.max_batch_size_limit,
+                                 strategy.candidate_time_limit_s, strategy.batch_search_measure())
 
 
 def search_max_batch_size(task: GraphTask, baseline: Backend, limit: int, time_limit_s: float | None,
@@ -53,7 +58,7 @@ def search_max_batch_size(task: GraphTask, baseline: Backend, limit: int, time_l
 
     def run(cancel: Any) -> SweepResult:
         backend = copy.deepcopy(baseline)
-        with capture_output(cache_dir / "build.log"):
+        with capture_output(cache_dir / "build.log", console=config.console_output):
             backend.build(task.module, spec, task.data(), task.device, cache_dir)
         try:
             return measure(backend, task, plan, cancel)

@@ -17,12 +17,9 @@ import dataclasses
 import logging
 import math
 import threading
-import time
 from abc import abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
-
-import torch
 
 from torch_tweak.errors import ConfigError, TuningError
 from torch_tweak.torch.backend.backend import Backend
@@ -30,30 +27,30 @@ from torch_tweak.torch.backend.batch_router import BatchRouterBackend
 from torch_tweak.torch.backend.registry import default_candidates
 from torch_tweak.torch.backend.torch_eager import TorchEagerBackend
 from torch_tweak.torch.fidelity import FidelityConfig
-from torch_tweak.torch.module.spec import resize_batch
 from torch_tweak.torch.profiling import (
     Measurement,
     ProfilingCancelledError,
     ProfilingConfig,
     SweepResult,
-    device_sync,
     power_of_two_batch_sizes,
-    sweep,
 )
 from torch_tweak.torch.profiling.limit import run_with_time_limit
+from torch_tweak.torch.profiling.stop_rules import apply_stop_rules
 from torch_tweak.torch.report.report import CHOSEN, INFER_FAILED, REJECTED, TIMEOUT, CandidateReport, GraphReport
 from torch_tweak.torch.tune_strategy.base import (
     CandidateFailedError,
     GraphTask,
+    Measure,
     TuneStrategy,
     backends_from,
     describe_task,
     format_failures,
     release_quietly,
 )
-from torch_tweak.torch.tune_strategy.batch_search import search_max_batch_size
+from torch_tweak.torch.tune_strategy.batch_search import search_if_enabled
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, StrategyResult, selection_dict
 from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
+from torch_tweak.torch.tune_strategy.sweeping import sweep_backend
 from torch_tweak.utils.validate import check_bool, check_int
 
 logger = logging.getLogger(__name__)
@@ -81,6 +78,8 @@ class MeasuringStrategy(TuneStrategy):
         max_batch_size_limit: largest batch size that search tries.
         baseline: the eager reference (default ``TorchEagerBackend()``), always built and measured.
         fidelity: tolerances of the fidelity check.
+        measurement_stop_strategy, profiling_stop_strategy: the reference Torch Tweak's stop strategies
+            (:mod:`torch_tweak.torch.profiling.stop_rules`), applied on top of ``profiling``.
     """
 
     metric_name = "throughput"
@@ -98,13 +97,16 @@ class MeasuringStrategy(TuneStrategy):
         max_batch_size_limit: int = 256,
         baseline: Backend | None = None,
         fidelity: FidelityConfig | None = None,
+        measurement_stop_strategy: Any = None,
+        profiling_stop_strategy: Any = None,
     ) -> None:
         super().__init__(fidelity)
         owner = type(self).__name__
         self._backends = backends_from(backends, owner)
         if profiling is not None and not isinstance(profiling, ProfilingConfig):
             raise ConfigError(f"{owner}: profiling must be a ProfilingConfig, got {type(profiling).__name__}.")
-        self.profiling = profiling or ProfilingConfig()
+        self.profiling = apply_stop_rules(profiling or ProfilingConfig(), measurement_stop_strategy,
+                                          profiling_stop_strategy, owner)
         self.eager_margin = _check_number(owner, "eager_margin", eager_margin, allow_zero=True)
         if candidate_time_limit_s is not None:
             candidate_time_limit_s = _check_number(owner, "candidate_time_limit_s", candidate_time_limit_s,
@@ -114,11 +116,6 @@ class MeasuringStrategy(TuneStrategy):
         self.max_batch_size_limit = check_int(max_batch_size_limit, f"{owner}: max_batch_size_limit", minimum=1)
         self.baseline = backends_from([baseline], owner)[0] if baseline is not None else TorchEagerBackend()
         self.results: list[StrategyResult] = []
-
-    def enable_find_max_batch_size(self, enable: bool = True) -> MeasuringStrategy:
-        """Turn the max-batch-size search on eager on or off (off by default). Returns ``self``."""
-        self.find_max_batch_size = bool(enable)
-        return self
 
     def candidates(self) -> list[Backend]:
         """The candidate templates (the defaults when none were given)."""
@@ -175,9 +172,7 @@ class MeasuringStrategy(TuneStrategy):
         return Plan([task.samples[0].batch_size or 1], False, sample)
 
     def _tune(self, task: GraphTask) -> Backend:
-        if self.find_max_batch_size:
-            search_max_batch_size(task, self.baseline, self.max_batch_size_limit, self.candidate_time_limit_s,
-                                  self._measure_backend)
+        search_if_enabled(self, task)
         plan = self._plan(task)
         evaluations: list[Evaluation] = []
         best: Evaluation | None = None
@@ -295,18 +290,15 @@ class MeasuringStrategy(TuneStrategy):
     def _measure_backend(self, backend: Backend, task: GraphTask, plan: Plan,
                          cancel: threading.Event | None) -> SweepResult:
         """Sweep ``backend`` over the plan's batch sizes (after the pause between candidates)."""
-        if self.profiling.pause_s > 0:
-            time.sleep(self.profiling.pause_s)
-        spec = task.graph_spec
-        sample = copy.deepcopy(plan.sample)  # once per candidate: a backend that writes to its inputs stays alone
+        return sweep_backend(backend, task.graph_spec, task.device, plan, self.profiling, cancel, self._keep_going)
 
-        def prepare(batch_size: int) -> Callable[[], Any]:
-            args, kwargs = resize_batch(sample, spec, batch_size) if plan.batched else sample
-            return lambda: backend.infer(*args, **kwargs)
+    def batch_search_baseline(self) -> Backend:
+        """The backend the max-batch-size search measures: the eager baseline unless another one was set."""
+        return self._search_backend if self._search_backend is not None else self.baseline
 
-        with torch.no_grad():
-            return sweep(prepare, plan.batch_sizes, self.profiling, sync=device_sync(task.device), cancel=cancel,
-                         keep_going=self._keep_going, batched=plan.batched)
+    def batch_search_measure(self) -> Measure:
+        """This strategy's own measurement, unless the search was given a profiling config of its own."""
+        return self._measure_backend if self._search_profiling is None else super().batch_search_measure()
 
 
 def _precision_retry(template: Backend, evaluation: Evaluation, seen: set[str]) -> Backend | None:

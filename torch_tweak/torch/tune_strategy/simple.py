@@ -17,6 +17,7 @@ from torch_tweak.torch.tune_strategy.base import (
     describe_task,
     format_failures,
 )
+from torch_tweak.torch.tune_strategy.batch_search import search_if_enabled
 
 
 class OneBackendStrategy(TuneStrategy):
@@ -36,6 +37,7 @@ class OneBackendStrategy(TuneStrategy):
         return [self.backend]
 
     def _tune(self, task: GraphTask) -> Backend:
+        search_if_enabled(self, task)
         try:
             backend, row = self.try_backend(self.backend, task)
         except CandidateFailedError as failure:
@@ -64,6 +66,7 @@ class FirstWinsStrategy(TuneStrategy):
         return default_candidates()
 
     def _tune(self, task: GraphTask) -> Backend:
+        search_if_enabled(self, task)
         failures = []
         for template in self.candidates():
             try:

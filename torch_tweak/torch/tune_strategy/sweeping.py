@@ -1,0 +1,36 @@
+"""Measuring a built backend over a plan's batch sizes (used by the measuring strategies and the batch search)."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.torch.module.spec import GraphSpec, resize_batch
+from torch_tweak.torch.profiling import Measurement, ProfilingConfig, SweepResult, device_sync, sweep
+from torch_tweak.torch.tune_strategy.results import Plan
+
+
+def sweep_backend(backend: Backend, spec: GraphSpec, device: torch.device, plan: Plan, profiling: ProfilingConfig,
+                  cancel: threading.Event | None,
+                  keep_going: Callable[[Measurement], bool] | None = None) -> SweepResult:
+    """Sweep ``backend`` over ``plan``'s batch sizes with ``profiling``'s rules, after its pause between candidates.
+
+    The plan's sample is copied once, so a backend that writes to its inputs does not change the next candidate's.
+    """
+    if profiling.pause_s > 0:
+        time.sleep(profiling.pause_s)
+    sample = copy.deepcopy(plan.sample)
+
+    def prepare(batch_size: int) -> Callable[[], Any]:
+        args, kwargs = resize_batch(sample, spec, batch_size) if plan.batched else sample
+        return lambda: backend.infer(*args, **kwargs)
+
+    with torch.no_grad():
+        return sweep(prepare, plan.batch_sizes, profiling, sync=device_sync(device), cancel=cancel,
+                     keep_going=keep_going, batched=plan.batched)
