@@ -28,7 +28,9 @@ def main() -> None:
     print(tt.tune(generate, [torch.randint(0, 100, (6,)) for _ in range(2)], batch_sizes=[1, 2]))
     with torch.no_grad():
         tokens = llm.generate(prompt, max_new_tokens=8, do_sample=False)
-    print("same tokens as eager:", torch.equal(tokens, reference))
+    print("same tokens as eager:", torch.equal(tokens, reference), "- model.device:", llm.device)
+    if not torch.equal(tokens, reference):
+        raise SystemExit("The tuned model generated other tokens than eager.")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 # Set up the project's virtual environment (idempotent) and run one task.
 #   scripts/dev.sh demo          install, then run `torch-tweak demo`
 #   scripts/dev.sh test [ARGS]   install, then run ruff and the test suite (extra ARGS go to pytest)
+#   scripts/dev.sh examples      install, then run every script under examples/ (fast mode where it has one)
 #   scripts/dev.sh setup         install only
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,5 +24,20 @@ case "$task" in
         .venv/bin/ruff check torch_tweak tests benchmarks examples
         .venv/bin/python -m pytest -q "$@"
         ;;
-    *) echo "unknown task '$task' (use setup, demo or test)" >&2; exit 2 ;;
+    examples)
+        # Every example must be listed here with the arguments CI gives it.
+        declare -A args=([sentence_embeddings.py]="--fast" [stable_diffusion.py]="--fast" [llm_generate.py]="")
+        for path in examples/*.py; do
+            name="$(basename "$path")"
+            if [ -z "${args[$name]+set}" ]; then
+                echo "examples/$name is not listed in scripts/dev.sh (examples task)" >&2; exit 1
+            fi
+            start=$(date +%s)
+            # shellcheck disable=SC2086
+            .venv/bin/python "$path" ${args[$name]} > "/tmp/example_${name%.py}.log" 2>&1 \
+                || { tail -n 40 "/tmp/example_${name%.py}.log" >&2; echo "examples/$name failed" >&2; exit 1; }
+            echo "examples/$name ${args[$name]}: passed in $(( $(date +%s) - start )) s"
+        done
+        ;;
+    *) echo "unknown task '$task' (use setup, demo, test or examples)" >&2; exit 2 ;;
 esac

@@ -56,8 +56,8 @@ def wrap_and_tune(kind: str, obj: Any, strategy: Callable[[], tt.TuneStrategy]) 
     if kind == "sd":
         prompts = ["a cat", "a dog"]
         info = tt.inspect(obj, prompts, inference_function=lambda p: run_sd(obj, p), number_of_iterations=1,
-                          warmup_iterations=0)
-        tt.wrap(obj, info.get_modules(min_execution_percentage=5), strategy=strategy())
+                          warmup_iterations=1)
+        tt.wrap(obj, info.get_modules(), strategy=strategy())
         return obj, tt.tune(lambda p: run_sd(obj, p), prompts, batch_sizes=[1])
     if kind == "llm":
         llm = tt.Module(obj, name="llm", strategy=strategy())

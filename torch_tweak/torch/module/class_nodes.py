@@ -334,5 +334,8 @@ def _is_data_descriptor(attr: Any) -> bool:
 def _cannot_rebuild(klass: type) -> UnsupportedInputError:
     return UnsupportedInputError(
         f"Cannot rebuild an object of type {qualified_name(klass)}: it is not a tensor, a container or a "
-        "plain value. Return tensors, tuples, lists, dicts, namedtuples or dataclasses from the tuned module."
+        "plain value, so a backend that runs an exported graph cannot produce it. Return tensors, tuples, lists, "
+        "dicts, namedtuples or dataclasses from the tuned module, or use a backend that runs the PyTorch module "
+        "(TorchEagerBackend, TorchInductorBackend, TorchAOBackend). A transformers DynamicCache is such an "
+        "object: generate(..., use_cache=False) or a static cache avoids it."
     )
