@@ -3,6 +3,7 @@
 #   scripts/dev.sh demo          install, then run `torch-tweak demo`
 #   scripts/dev.sh test [ARGS]   install, then run ruff and the test suite (extra ARGS go to pytest)
 #   scripts/dev.sh examples      install, then run every script under examples/ (fast mode where it has one)
+#   scripts/dev.sh docs          install, then build the documentation site into site/ (warnings are errors)
 #   scripts/dev.sh setup         install only
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch first, pinned: a plain `torch` requirement would otherwise pull a multi-GB CUDA build.
 .venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0"
-.venv/bin/pip install --quiet --disable-pip-version-check -e ".[openvino,torchao,onnxruntime,nncf,hf,report,signing,test]" "torch==2.13.0"
+.venv/bin/pip install --quiet --disable-pip-version-check -e ".[openvino,torchao,onnxruntime,nncf,hf,report,signing,test,docs]" "torch==2.13.0"
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1
 
 case "$task" in
@@ -39,5 +40,10 @@ case "$task" in
             echo "examples/$name ${args[$name]}: passed in $(( $(date +%s) - start )) s"
         done
         ;;
-    *) echo "unknown task '$task' (use setup, demo, test or examples)" >&2; exit 2 ;;
+    docs)
+        # The documentation site (mkdocs.yml): warnings are errors, then every link of the built site is checked.
+        .venv/bin/mkdocs build --strict --site-dir site
+        .venv/bin/python tests/docs_links.py site
+        ;;
+    *) echo "unknown task '$task' (use setup, demo, test, examples or docs)" >&2; exit 2 ;;
 esac

@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("torch_tweak.torch.module", "torch_tweak.torch.integrations"),
     ("torch_tweak.torch.backend", "torch_tweak.torch.fidelity", "torch_tweak.torch.fidelity_metrics",
      "torch_tweak.torch.fidelity_probes",
-     "torch_tweak.torch.profiling",
+     "torch_tweak.torch.profiling", "torch_tweak.torch.task",
      "torch_tweak.torch.report", "torch_tweak.torch.dataset"),
     ("torch_tweak.torch.tune_strategy",),
     ("torch_tweak.torch.tuning", "torch_tweak.torch.reporting", "torch_tweak.torch.checkpoint",

@@ -10,10 +10,16 @@ Typical use::
     outputs = model(inputs)                   # runs the chosen backend
 
 Importing this module imports torch but neither openvino nor torchao.
+
+Names kept for code written for the reference Torch Tweak (``docs/migrating.md``): ``DataLoaderFactory``,
+``LocalTorchStorage``, ``Storage``, ``torch_tweak_cache_dir``, and the ``storage``/``disable_external_logging``
+arguments of ``save``/``load``.
 """
 
-from torch_tweak.torch.checkpoint import load, save
-from torch_tweak.torch.config import config
+from torch_tweak.torch._reference_compat import load, save
+from torch_tweak.torch.checkpoint.storage import LocalTorchStorage, Storage
+from torch_tweak.torch.config import config, torch_tweak_cache_dir
+from torch_tweak.torch.dataset import DataLoaderFactory
 from torch_tweak.torch.fidelity import FidelityConfig, Tolerance
 from torch_tweak.torch.inspecting import InspectionReport, ModuleInfo, inspect, wrap
 from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
@@ -31,17 +37,20 @@ from torch_tweak.torch.tune_strategy import (
 from torch_tweak.torch.tuning import tune
 
 __all__ = [
+    "DataLoaderFactory",
     "FidelityConfig",
     "FirstWinsStrategy",
     "GraphSpec",
     "HighestThroughputStrategy",
     "InspectionReport",
     "LatencyBudgetStrategy",
+    "LocalTorchStorage",
     "LowestLatencyStrategy",
     "Module",
     "ModuleInfo",
     "ModuleState",
     "OneBackendStrategy",
+    "Storage",
     "TensorSpec",
     "Tolerance",
     "TuneStrategy",
@@ -51,6 +60,7 @@ __all__ = [
     "load",
     "register_type",
     "save",
+    "torch_tweak_cache_dir",
     "tune",
     "wrap",
 ]

@@ -151,3 +151,8 @@ def _validate(name: str, value: Any) -> Any:
 
 
 config = TorchTweakConfig()
+
+
+def torch_tweak_cache_dir() -> Path:
+    """The cache folder (``tt.config.cache_dir``); the reference Torch Tweak's name for it."""
+    return config.cache_dir

@@ -13,19 +13,22 @@ A batch of size ``b`` stacks ``b`` consecutive items along a new first axis. Ite
 not share shapes (e.g. sentences of different lengths) or whose structures differ are batched by
 repeating each item ``b`` times.
 Numbers stay plain values (``num_steps=2``); items whose numbers differ are batched by repetition too.
+
+:class:`DataLoaderFactory` (the reference Torch Tweak's name) wraps such a dataset and, optionally, a
+``collate_fn`` that turns a list of items into one call's arguments.
 """
 
 from __future__ import annotations
 
 import logging
 import numbers
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from torch_tweak.errors import DatasetError, UnsupportedInputError
+from torch_tweak.errors import ConfigError, DatasetError, UnsupportedInputError
 from torch_tweak.torch.module.tree import Sample
 
 logger = logging.getLogger(__name__)
@@ -35,8 +38,52 @@ class _RaggedBatchError(Exception):
     """Items of a batch have tensors of different shapes."""
 
 
+class DataLoaderFactory:
+    """A dataset plus how to batch it, as the reference Torch Tweak spells it; ``tt.tune`` and ``tt.inspect``
+    accept it wherever they accept a dataset.
+
+    Args:
+        dataset: any dataset ``tt.tune`` accepts (a tensor, a list of items, a ``torch.utils.data.Dataset``).
+        collate_fn: turns a list of items into one call (a tensor, a dict of keyword arguments, or an
+            ``(args, kwargs)`` pair); None batches as described in this module.
+        num_workers: passed to the ``DataLoader`` that :meth:`create_dataloader` makes.
+    """
+
+    def __init__(self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None = None, num_workers: int = 0) -> None:
+        if collate_fn is not None and not callable(collate_fn):
+            raise ConfigError(f"DataLoaderFactory: collate_fn must be callable or None, got {type(collate_fn).__name__}.")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ConfigError(f"DataLoaderFactory: num_workers must be an integer >= 0, got {num_workers!r}.")
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.num_workers = num_workers
+
+    def create_dataloader(self, batch_size: int) -> torch.utils.data.DataLoader:
+        """A ``DataLoader`` over the items (a short dataset is cycled to one full batch; the last partial
+        batch is dropped)."""
+        items = dataset_items(self.dataset)
+        if len(items) < batch_size:
+            items = [items[i % len(items)] for i in range(batch_size)]
+        collate = self.collate_fn or (lambda group: _collate_calls([_as_call(item) for item in group]))
+        return torch.utils.data.DataLoader(items, batch_size=batch_size, collate_fn=collate, drop_last=True,  # type: ignore[arg-type]
+                                           num_workers=self.num_workers)
+
+
+class _Collated(list):  # type: ignore[type-arg]
+    """Dataset items that a user ``collate_fn`` batches."""
+
+    collate_fn: Callable[[list[Any]], Any]
+
+
 def dataset_items(dataset: Any) -> list[Any]:
     """Return the dataset's items as a list, validating their types."""
+    if isinstance(dataset, DataLoaderFactory):
+        items = dataset_items(dataset.dataset)
+        if dataset.collate_fn is None:
+            return items
+        collated = _Collated(items)
+        collated.collate_fn = dataset.collate_fn
+        return collated
     if isinstance(dataset, torch.Tensor):
         items: list[Any] = [dataset]
     elif isinstance(dataset, (list, tuple)):
@@ -90,7 +137,11 @@ def iter_batches(items: Sequence[Any], batch_size: int) -> Iterator[Sample]:
         groups = [[items[i % len(items)] for i in range(batch_size)]]
     else:
         groups = [list(items[i : i + batch_size]) for i in range(0, len(items) - batch_size + 1, batch_size)]
+    collate_fn = getattr(items, "collate_fn", None)
     for group in groups:
+        if collate_fn is not None:
+            yield _as_call(collate_fn(group))
+            continue
         calls = [_as_call(item) for item in group]
         try:
             yield _collate_calls(calls)

@@ -24,8 +24,9 @@ from torch_tweak.torch.report.report import GraphReport, ModuleReport, ModuleSta
 from torch_tweak.torch.reporting import reporting
 from torch_tweak.torch.tune_strategy.base import GraphTask, TuneStrategy
 from torch_tweak.torch.tune_strategy.measuring import HighestThroughputStrategy
+from torch_tweak.utils.quiet import external_logging_disabled
 from torch_tweak.utils.trace import annotate
-from torch_tweak.utils.validate import check_int
+from torch_tweak.utils.validate import check_bool, check_int
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ def tune(
     dry_run: bool = False,
     clear_cache: bool = False,
     ignore_failing_modules: bool = True,
+    disable_external_logging: bool = False,
 ) -> TuningReport:
     """Record every ``tt.Module`` that ``func`` calls over ``dataset``, then tune each of them.
 
@@ -55,12 +57,17 @@ def tune(
             see ``torch_tweak.torch.cache.clear_cache``).
         ignore_failing_modules: a module whose tuning fails runs its original code (the error is in the
             report); with False the error propagates.
+        disable_external_logging: while tuning, log records of other libraries (compilers, converters) are
+            dropped; only torch_tweak's reach the handlers.
 
     Returns:
         The :class:`TuningReport` of every module, graph and candidate.
     """
     start = time.perf_counter()
     target = get_device(device if device is not None else config.default_device)
+    if device is None and target.type == "cpu" and hasattr(torch, "xpu") and torch.xpu.is_available():
+        logger.info("Tuning on cpu, torch_tweak's default device (the reference Torch Tweak defaulted to xpu:0); "
+                    "pass device='xpu' or set TORCH_TWEAK_DEVICE=xpu to tune on the GPU")
     sizes = _batch_sizes(batch_sizes)
     check_int(max_num_batches_per_batch_size, "max_num_batches_per_batch_size", minimum=1, allow_none=True)
     if not callable(func):
@@ -75,8 +82,9 @@ def tune(
     stores = None if dry_run else CallStores(config.max_num_calibration_samples)
     session.stores = None if stores is None else stores.create
     try:
-        return _record_and_tune(func, items, sizes, max_num_batches_per_batch_size, target, dry_run,
-                                ignore_failing_modules, session, start)
+        with external_logging_disabled(check_bool(disable_external_logging, "disable_external_logging")):
+            return _record_and_tune(func, items, sizes, max_num_batches_per_batch_size, target, dry_run,
+                                    ignore_failing_modules, session, start)
     finally:
         if stores is not None:
             stores.remove()
@@ -157,7 +165,22 @@ def tune_module(
     state.mark_tuned([TunedGraph(spec, graph.key, backend) for spec, graph, backend in zip(specs, recorders, built)])
     report.status = ModuleStatus.TUNED
     state.offload_weights(config.device_after_tuning)
+    _log_resources(module.name)
     return report
+
+
+def _log_resources(name: str) -> None:
+    """Peak memory and CPU time of the process (INFO with ``tt.config.system_monitor``, else DEBUG)."""
+    level = logging.INFO if config.system_monitor else logging.DEBUG
+    if not logger.isEnabledFor(level):
+        return
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    logger.log(level, "System resources after tuning %s: peak RSS %.0f MB, CPU time %.1f s user + %.1f s system",
+               name, usage.ru_maxrss / 1024, usage.ru_utime, usage.ru_stime)
 
 
 def _strategies_for(module: Module, specs: list[Any], strategy: TuneStrategy | None) -> list[TuneStrategy]:
@@ -173,8 +196,13 @@ def _strategies_for(module: Module, specs: list[Any], strategy: TuneStrategy | N
         missing = [s.name for s in specs if s.name not in listed]
         if missing:
             raise TuningError(f"Module {module.name!r}: no strategy for graph(s) {missing}; strategies has {sorted(listed)}.")
+    chosen = [_strategy_of(module, index, spec.name) for index, spec in enumerate(specs)]
+    if any(s is None for s in chosen):
+        logger.info("Module %s has no strategy: using HighestThroughputStrategy() over every available backend, "
+                    "torch_tweak's default (the reference Torch Tweak's was FirstWinsStrategy([OpenVINO, Inductor]))",
+                    module.name)
     default = HighestThroughputStrategy()
-    return [_strategy_of(module, index, spec.name) or default for index, spec in enumerate(specs)]
+    return [s or default for s in chosen]
 
 
 def _strategy_of(module: Module, index: int, name: str) -> TuneStrategy | None:

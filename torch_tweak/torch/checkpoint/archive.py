@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_tweak.errors import CheckpointError
+from torch_tweak.torch.checkpoint.foreign import refuse_reference_checkpoint
 from torch_tweak.torch.checkpoint.manifest import MANIFEST_NAME, check_header, parse_json
 from torch_tweak.torch.checkpoint.signing import SIGNATURE_NAME
 
@@ -251,6 +252,7 @@ class VerifiedArchive:
 def open_verified(path: str | os.PathLike[str]) -> Iterator[VerifiedArchive]:
     """Open and fully verify the checkpoint at ``path`` (see the module docstring); raise CheckpointError."""
     path = Path(path)
+    refuse_reference_checkpoint(path)
     if not path.exists():
         raise CheckpointError(f"There is no checkpoint at {path}; check the path (tt.save writes a .tt file).")
     if not path.is_file():

@@ -47,7 +47,7 @@ from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.state import TunedGraph, internals
 from torch_tweak.torch.module.tree import qualified_name
 from torch_tweak.torch.module.walk import Slot, nested_prefixes, place
-from torch_tweak.torch.module.wrapper import Module, proxy_of, registered_modules, release
+from torch_tweak.torch.module.wrapper import Module, hand_over_name, proxy_of, release
 from torch_tweak.utils.leftovers import owner_tag, remove_leftovers
 from torch_tweak.utils.validate import check_bool
 
@@ -91,12 +91,13 @@ def _device_map(device_map: Any, names: list[str]) -> dict[str, torch.device]:
         return {}
     if not isinstance(device_map, dict):
         raise CheckpointError(f"device_map must be a dict {{module name: device}}, got {type(device_map).__name__}.")
-    unknown = sorted(str(k) for k in device_map if k not in names)
+    unknown = sorted(str(k) for k in device_map if k not in names and k != "")
     if unknown:
         raise CheckpointError(f"device_map names module(s) {unknown} that the checkpoint does not have; its modules "
-                              f"are {names}.")
+                              f"are {names} (the key \"\" stands for all of them).")
     result = {}
-    for name, device in device_map.items():
+    whole = dict.fromkeys(names, device_map[""]) if "" in device_map else {}  # "": the whole object
+    for name, device in {**whole, **{k: v for k, v in device_map.items() if k != ""}}.items():
         try:
             result[name] = get_device(device)
         except ConfigError as exc:
@@ -113,9 +114,6 @@ def _plan(obj: Any, entry: ModuleEntry, entries: list[ModuleEntry], devices: dic
     if proxy is not None and proxy.name != entry.name:
         raise CheckpointError(f"The module at {where} is wrapped as {proxy.name!r}, but the checkpoint stores it as "
                               f"{entry.name!r}. Wrap it with name={entry.name!r}, or leave it unwrapped before tt.load.")
-    if proxy is None and entry.name in registered_modules():
-        raise CheckpointError(f"Another live tt.Module is already named {entry.name!r}, so the module at {where} "
-                              "cannot take that name. Load into that model instead, or delete it first.")
     if type(inner).__qualname__ != entry.class_name.rpartition(":")[2]:  # the module may differ (__main__ vs import)
         raise CheckpointError(f"The module at {where} is a {qualified_name(type(inner))}, but the checkpoint stores "
                               f"a {entry.class_name} there ({entry.name!r}). Load into the model that was saved.")
@@ -193,6 +191,7 @@ def _restore(plan: _Plan, holder: _Extracted, journal: list[Callable[[], None]])
     entry = plan.entry
     proxy = plan.proxy
     if proxy is None:
+        journal.append(hand_over_name(entry.name))  # a live module of that name (the one tuned) keeps working
         try:
             proxy = Module(plan.inner, name=entry.name)
         except ConfigError as exc:
@@ -249,7 +248,9 @@ def load(obj: Any, path: str | os.PathLike[str], device_map: dict[str, Any] | No
     Every member of the checkpoint is verified against its manifest and sums file, and the manifest is
     audited as if a stranger wrote it, before anything is used (see ``docs/security.md``). Modules found at
     their stored paths are wrapped (if they are not already) and their backends deployed without tuning
-    again; ``device_map`` ({module name: device}) overrides the stored device per module.
+    again; ``device_map`` ({module name: device}; the key ``""`` means every module) overrides the stored
+    device per module. A live module with a stored name (the one that was tuned, say) keeps working, and the
+    loaded one takes the name.
 
     Args:
         trust_native_code: allow artifacts that are native code (AOTInductor packages run their compiled

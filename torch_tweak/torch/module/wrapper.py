@@ -24,6 +24,7 @@ from torch_tweak.errors import ConfigError, SignatureMismatchError, TuningError,
 from torch_tweak.torch.config import config as _config
 from torch_tweak.torch.integrations import activate_integrations
 from torch_tweak.torch.module import forward as _forward
+from torch_tweak.torch.module.compat import ReferenceMembers
 from torch_tweak.torch.module.recording import graph_key
 from torch_tweak.torch.module.session import current_session
 from torch_tweak.torch.module.spec import GraphSpec
@@ -48,8 +49,11 @@ class _Interceptor:
         return self.proxy._tt_dispatch(args, kwargs)
 
 
-class Module:
+class Module(ReferenceMembers):
     """Wrap ``module`` so ``tt.tune`` can record, tune and then accelerate it.
+
+    Members named as in the reference Torch Tweak (``device``, ``module``, ``enable_recording``, ``to_dict``...)
+    come from :class:`~torch_tweak.torch.module.compat.ReferenceMembers`.
 
     Args:
         module: the ``nn.Module`` to wrap.
@@ -161,8 +165,11 @@ class Module:
         for backend in self._tt.backends():
             backend.release()
 
-    def enable_passthrough(self) -> None:
-        """Run the original module from now on (drops tuned backends)."""
+    def enable_passthrough(self, force: bool = False) -> None:
+        """Run the original module from now on (drops tuned backends).
+
+        ``force`` is accepted for the reference's spelling; a tuned module switches without it.
+        """
         state = self._tt
         if state.offloaded:
             raise TuningError(
@@ -283,6 +290,25 @@ def _register(proxy: Module, module: nn.Module, name: str | None) -> str:
             logger.info("Named the wrapped %s %r (the name %r is taken)", type(module).__name__, clean, base)
     _REGISTRY[clean] = proxy
     return clean
+
+
+def hand_over_name(name: str) -> Callable[[], None]:
+    """Free ``name`` for a new ``tt.Module`` (``tt.load`` into a fresh model while the tuned one is alive).
+
+    The live module keeps its name and keeps working; only the registry answers the new one from then on.
+    Returns a function that gives the name back (used to roll back a failed load).
+    """
+    old = _REGISTRY.get(name)
+    if old is None:
+        return lambda: None
+    del _REGISTRY[name]
+    logger.info("The name %r moves to the module being loaded; the live module of that name keeps working", name)
+
+    def undo() -> None:
+        if name not in _REGISTRY:
+            _REGISTRY[name] = old
+
+    return undo
 
 
 def registered_modules() -> dict[str, Module]:

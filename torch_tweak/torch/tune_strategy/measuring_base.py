@@ -78,8 +78,9 @@ class MeasuringStrategy(TuneStrategy):
         max_batch_size_limit: largest batch size that search tries.
         baseline: the eager reference (default ``TorchEagerBackend()``), always built and measured.
         fidelity: tolerances of the fidelity check.
-        measurement_stop_strategy, profiling_stop_strategy: the reference Torch Tweak's stop strategies
+        measurement_stop_strategy: a stop strategy of the reference Torch Tweak for each measurement
             (:mod:`torch_tweak.torch.profiling.stop_rules`), applied on top of ``profiling``.
+        profiling_stop_strategy: the same for the batch-size sweep.
     """
 
     metric_name = "throughput"

@@ -1,0 +1,5 @@
+"""Reference-compatible import path (``docs/migrating.md``); the code is in :mod:`.spec`."""
+
+from torch_tweak.torch.module.spec import GraphSpec
+
+__all__ = ["GraphSpec"]

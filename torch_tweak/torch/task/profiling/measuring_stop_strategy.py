@@ -1,0 +1,5 @@
+"""Reference-compatible import path (``docs/migrating.md``); see :mod:`torch_tweak.torch.profiling.stop_rules`."""
+
+from torch_tweak.torch.profiling.stop_rules import NumStepsMeasuringStopStrategy, StableWindowMeasuringStopStrategy
+
+__all__ = ["NumStepsMeasuringStopStrategy", "StableWindowMeasuringStopStrategy"]
