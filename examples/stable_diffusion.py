@@ -27,7 +27,7 @@ def main() -> None:
     report = tt.inspect(pipe, prompts, inference_function=lambda p: run_sd(pipe, p), number_of_iterations=2)
     report.describe()
     strategy = tt.HighestThroughputStrategy([OpenVINOBackend(), TorchEagerBackend()]) if fast else None
-    tt.wrap(pipe, report.get_modules(min_execution_percentage=5), strategy=strategy)
+    tt.wrap(pipe, report.get_modules(min_execution_percentage=0.05), strategy=strategy)
     print(tt.tune(lambda p: run_sd(pipe, p), prompts, batch_sizes=[1, 2]))
 
     image = run_sd(pipe, "a cat")  # the pipeline still finds its device and dtype from the tuned modules
