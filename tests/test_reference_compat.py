@@ -250,6 +250,7 @@ def test_config_fields_and_cache_dir_function(tmp_path):
     ("torch_tweak.torch.tune_strategy.first_wins_strategy", ["FirstWinsStrategy"]),
     ("torch_tweak.torch.tune_strategy.one_backend_strategy", ["OneBackendStrategy"]),
     ("torch_tweak.torch.tune_strategy.highest_throughput_strategy", ["HighestThroughputStrategy"]),
+    ("torch_tweak.torch.tune_strategy.extension", ["TuneStrategyFindMaxBatchSizeExtension"]),
     ("torch_tweak.torch.checkpoint.local_torch_storage", ["LocalTorchStorage"]),
     ("torch_tweak.torch.dataloader", ["DataLoaderFactory"]),
     ("torch_tweak.torch.inspecting.inspecting", ["inspect"]),
