@@ -51,13 +51,16 @@ def placement(kind: str, obj: Any) -> dict[str, str]:
     return {k: str(v) for k, v in answers.items()}
 
 
-def wrap_and_tune(kind: str, obj: Any, strategy: Callable[[], tt.TuneStrategy]) -> tuple[Any, tt.TuningReport]:
-    """Wrap the scenario's modules with ``strategy()`` each and tune them over a few inputs."""
+def wrap_and_tune(kind: str, obj: Any, strategy: Callable[[], tt.TuneStrategy],
+                  only: set[str] | None = None) -> tuple[Any, tt.TuningReport]:
+    """Wrap the scenario's modules with ``strategy()`` each and tune them over a few inputs; for the pipeline,
+    the modules ``tt.inspect`` finds (those named in ``only``, if given)."""
     if kind == "sd":
         prompts = ["a cat", "a dog"]
         info = tt.inspect(obj, prompts, inference_function=lambda p: run_sd(obj, p), number_of_iterations=1,
                           warmup_iterations=1)
-        tt.wrap(obj, info.get_modules(), strategy=strategy())
+        modules = [m for m in info.get_modules() if only is None or m.name in only]
+        tt.wrap(obj, modules, strategy=strategy())
         return obj, tt.tune(lambda p: run_sd(obj, p), prompts, batch_sizes=[1])
     if kind == "llm":
         llm = tt.Module(obj, name="llm", strategy=strategy())
