@@ -169,7 +169,8 @@ def test_disable_external_logging_drops_other_libraries_records_only_during_the_
 
 def test_module_members_of_the_reference():
     module = tt.Module(mlp(), name="mlp", strategy=eager_only())
-    assert module.device == torch.device("cpu") and module.module is module
+    assert module.device == torch.device("cpu") and module.module.state is tt.ModuleState.INIT
+    assert not hasattr(module.module, "module")  # unwrapping helpers stop at the view
     module.enable_recording()  # INIT: nothing to do
     tt.tune(module, [torch.randn(8) for _ in range(2)])
     state = module.to_dict()

@@ -27,6 +27,38 @@ def _own(inner: nn.Module, name: str) -> bool:
     return name in inner._modules or name in inner.__dict__ or hasattr(type(inner), name)
 
 
+class TuningView:
+    """What a ``tt.Module`` chose, under the reference's ``module.module`` spelling."""
+
+    __slots__ = ("_proxy",)
+
+    def __init__(self, proxy: Any) -> None:
+        self._proxy = proxy
+
+    @property
+    def name(self) -> str:
+        """The module's name."""
+        return internals(self._proxy).name
+
+    @property
+    def state(self) -> ModuleState:
+        """The module's state."""
+        return internals(self._proxy).status
+
+    @property
+    def backends(self) -> dict[str, Any]:
+        """The chosen backend of each graph, by graph name."""
+        return {g.spec.name: g.backend for g in internals(self._proxy).graphs}
+
+    @property
+    def graph_specs(self) -> list[Any]:
+        """The module's graphs."""
+        return self._proxy.graph_specs
+
+    def __repr__(self) -> str:
+        return f"TuningView(name={self.name!r}, state={self.state.name}, graphs={list(self.backends)})"
+
+
 class ReferenceMembers:
     """Mixed into ``tt.Module``; see the module docstring."""
 
@@ -46,11 +78,14 @@ class ReferenceMembers:
 
     @property
     def module(self) -> Any:
-        """The reference's "inner implementation" of the proxy: this ``tt.Module`` itself, whose
-        :attr:`backends`, :attr:`state` and :attr:`graph_specs` answer what the reference's object did.
-        A wrapped module with its own ``module`` attribute keeps it."""
+        """The reference's "inner implementation" of the proxy: a :class:`TuningView` with ``backends``,
+        ``state``, ``name`` and ``graph_specs``. A wrapped module with its own ``module`` attribute keeps it.
+
+        The view is not a module and has no ``module`` attribute, so helpers that unwrap ``x.module``
+        repeatedly (as done for ``DataParallel``) stop there instead of looping on the proxy.
+        """
         inner = internals(self).module
-        return inner.module if _own(inner, "module") else self
+        return inner.module if _own(inner, "module") else TuningView(self)
 
     def enable_recording(self, force: bool = False) -> None:
         """Make the module record again in the next ``tt.tune`` (it records by itself when first tuned).
