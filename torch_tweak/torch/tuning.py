@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,7 @@ from torch_tweak.torch.report.report import GraphReport, ModuleReport, ModuleSta
 from torch_tweak.torch.reporting import reporting
 from torch_tweak.torch.tune_strategy.base import GraphTask, TuneStrategy
 from torch_tweak.torch.tune_strategy.measuring import HighestThroughputStrategy
+from torch_tweak.torch.tune_strategy.screening import TimeBudget
 from torch_tweak.utils.quiet import external_logging_disabled
 from torch_tweak.utils.trace import annotate
 from torch_tweak.utils.validate import check_bool, check_int
@@ -43,6 +45,7 @@ def tune(
     clear_cache: bool = False,
     ignore_failing_modules: bool = True,
     disable_external_logging: bool = False,
+    time_budget_s: float | None = None,
 ) -> TuningReport:
     """Record every ``tt.Module`` that ``func`` calls over ``dataset``, then tune each of them.
 
@@ -59,6 +62,9 @@ def tune(
             report); with False the error propagates.
         disable_external_logging: while tuning, log records of other libraries (compilers, converters) are
             dropped; only torch_tweak's reach the handlers.
+        time_budget_s: seconds the whole run (recording included) should take; each graph gets a share of
+            what is left when it starts, and the measuring strategies skip candidates (cheapest builds come
+            first) that would not fit, with a ``skipped`` row in the report. None: no budget.
 
     Returns:
         The :class:`TuningReport` of every module, graph and candidate.
@@ -72,6 +78,12 @@ def tune(
     check_int(max_num_batches_per_batch_size, "max_num_batches_per_batch_size", minimum=1, allow_none=True)
     if not callable(func):
         raise ConfigError(f"func must be callable (a module, pipeline or function), got {type(func).__name__}.")
+    budget = None
+    if time_budget_s is not None:
+        ok = isinstance(time_budget_s, (int, float)) and not isinstance(time_budget_s, bool)
+        if not ok or not math.isfinite(time_budget_s) or time_budget_s <= 0:
+            raise ConfigError(f"time_budget_s must be a positive number of seconds or None, got {time_budget_s!r}.")
+        budget = TimeBudget(float(time_budget_s), 0, start)
     items = dataset_items(dataset)
     if clear_cache:
         _clear_cache()
@@ -84,7 +96,7 @@ def tune(
     try:
         with external_logging_disabled(check_bool(disable_external_logging, "disable_external_logging")):
             return _record_and_tune(func, items, sizes, max_num_batches_per_batch_size, target, dry_run,
-                                    ignore_failing_modules, session, start)
+                                    ignore_failing_modules, session, start, budget)
     finally:
         if stores is not None:
             stores.remove()
@@ -92,7 +104,7 @@ def tune(
 
 def _record_and_tune(func: Callable[..., Any], items: Any, sizes: list[int], max_batches: int | None,
                      target: torch.device, dry_run: bool, ignore_failing_modules: bool, session: RecordingSession,
-                     start: float) -> TuningReport:
+                     start: float, budget: TimeBudget | None) -> TuningReport:
     progress.update(phase="record")
     with recording(session), torch.no_grad():
         for batch_size in sizes:
@@ -109,12 +121,14 @@ def _record_and_tune(func: Callable[..., Any], items: Any, sizes: list[int], max
             "modules that are already tuned are not recorded again."
         )
     report = TuningReport(device=str(target), batch_sizes=sizes, dry_run=dry_run)
+    if budget is not None:
+        budget.graphs_left = sum(internals(m).graph_count() for m in modules)
     for module in modules:
         module_report = ModuleReport(name=module.name)
         progress.update(module=module.name)
         report.modules.append(module_report)
         try:
-            tune_module(module, target, None, dry_run, module_report)
+            tune_module(module, target, None, dry_run, module_report, budget)
         except Exception as exc:
             module_report.status = ModuleStatus.PASSTHROUGH
             module_report.error = f"{type(exc).__name__}: {exc}"
@@ -133,8 +147,10 @@ def tune_module(
     strategy: TuneStrategy | None = None,
     dry_run: bool = False,
     report: ModuleReport | None = None,
+    budget: TimeBudget | None = None,
 ) -> ModuleReport:
-    """Tune every recorded graph of ``module``; on failure release what was built and raise."""
+    """Tune every recorded graph of ``module`` (each within its share of ``budget``, if given); on failure
+    release what was built and raise."""
     report = report or ModuleReport(name=module.name)
     if module.state is ModuleState.TUNED:
         raise TuningError(f"Module {module.name!r} is already tuned; wrap a fresh module to tune it again.")
@@ -156,7 +172,8 @@ def tune_module(
             graph_report = GraphReport(name=spec.name, spec=spec.to_dict())
             report.graphs.append(graph_report)
             task = GraphTask(module.wrapped, module.name, spec, graph.samples, target,
-                             cache_folder(module.name, spec.name), graph_report, graph.store)
+                             cache_folder(module.name, spec.name), graph_report, graph.store,
+                             budget.graph_deadline() if budget is not None else None)
             built.append(strat.tune(task))
     except Exception:
         for backend in built:

@@ -43,24 +43,29 @@ class BackendEntry:
         requires: packages the backend needs at run time (checked with ``find_spec``, never imported here).
         candidate: tried by strategies given no candidates (the measuring strategies and ``FirstWinsStrategy``),
             in table order: fastest first, eager last.
+        build_cost: how long a build usually takes, as a rank (0 nothing to build, 1 an export and a
+            conversion, 2 a compiler run, 3 quantization and a compiler run); the measuring strategies build
+            their candidates cheapest first so that a time budget is spent on the likely winners.
     """
 
     module: str
     config: str | None
     requires: tuple[str, ...] = ()
     candidate: bool = True
+    build_cost: int = 2
 
 
 BACKENDS: dict[str, BackendEntry] = {
-    "OpenVINOBackend": BackendEntry(f"{_PACKAGE}.openvino", "OpenVINOBackendConfig", ("openvino",)),
-    "ONNXRuntimeBackend": BackendEntry(f"{_PACKAGE}.onnxruntime", "ONNXRuntimeBackendConfig", ("onnxruntime",)),
+    "OpenVINOBackend": BackendEntry(f"{_PACKAGE}.openvino", "OpenVINOBackendConfig", ("openvino",), build_cost=1),
+    "ONNXRuntimeBackend": BackendEntry(f"{_PACKAGE}.onnxruntime", "ONNXRuntimeBackendConfig", ("onnxruntime",),
+                                       build_cost=1),
     "TorchInductorBackend": BackendEntry(f"{_PACKAGE}.torch_inductor", "TorchInductorBackendConfig"),
-    "TorchAOBackend": BackendEntry(f"{_PACKAGE}.torchao", "TorchAOBackendConfig", ("torchao",)),
+    "TorchAOBackend": BackendEntry(f"{_PACKAGE}.torchao", "TorchAOBackendConfig", ("torchao",), build_cost=3),
     "TorchInductorAOTBackend": BackendEntry(f"{_PACKAGE}.torch_inductor_aot", "TorchInductorAOTBackendConfig",
-                                            candidate=False),
+                                            candidate=False, build_cost=3),
     "BatchRouterBackend": BackendEntry(f"{_PACKAGE}.batch_router", None, candidate=False),
     "NonFiniteGuardBackend": BackendEntry(f"{_PACKAGE}.non_finite_guard", None, candidate=False),
-    "TorchEagerBackend": BackendEntry(f"{_PACKAGE}.torch_eager", "TorchEagerBackendConfig"),
+    "TorchEagerBackend": BackendEntry(f"{_PACKAGE}.torch_eager", "TorchEagerBackendConfig", build_cost=0),
 }
 
 
@@ -96,6 +101,15 @@ def backend_class(name: str) -> type[Backend] | None:
         logger.debug("Backend %s is not importable here: %s", name, exc)
         return None
     return cls if isinstance(cls, type) and issubclass(cls, Backend) else None
+
+
+def build_cost(backend: Backend) -> int:
+    """The ``build_cost`` rank of ``backend``'s class (or of its nearest shipped base class; 2 if none)."""
+    for klass in type(backend).__mro__:
+        entry = BACKENDS.get(klass.__name__)
+        if entry is not None and (klass.__module__ + ".").startswith(entry.module + "."):
+            return entry.build_cost
+    return 2
 
 
 def default_candidates() -> list[Backend]:

@@ -81,6 +81,11 @@ class ModuleInternals:
             )
         return list(recorder.graphs.values())
 
+    def graph_count(self) -> int:
+        """How many graphs the current tuning session recorded (0 if none)."""
+        recorder = self.recorder
+        return len(recorder.graphs) if self.status is ModuleState.RECORDING and recorder is not None else 0
+
     def start_recording(self, session_id: int, strict: bool, max_samples: int, phases: bool,
                         stores: StoreFactory | None = None) -> Recorder:
         """A new recorder for the tuning session ``session_id`` (RECORDING); ``stores`` gives a graph the on-disk

@@ -19,6 +19,8 @@ class CandidateStatus(str, enum.Enum):
     INFER_FAILED = "infer_failed"
     REJECTED = "rejected"
     TIMEOUT = "timeout"
+    SCREENED_OUT = "screened_out"  # built and checked, too slow at the screening batch sizes to be swept
+    SKIPPED = "skipped"  # not built: the time budget would not cover it
 
 
 class ModuleStatus(str, enum.Enum):

@@ -65,6 +65,8 @@ class GraphTask:
         store: more recorded calls, on disk, when the strategy keeps them (:meth:`TuneStrategy.keeps_recorded_calls`):
             calibrating candidates build with its calibrating calls, and every candidate's fidelity check also
             judges its held-out calls.
+        deadline: ``time.perf_counter()`` value by which the graph's tuning should end (its share of
+            ``tt.tune(time_budget_s=...)``); None means no budget. Strategies skip candidates that would not fit.
     """
 
     module: nn.Module
@@ -75,6 +77,7 @@ class GraphTask:
     cache_dir: Path
     report: GraphReport
     store: SampleStore | None = None
+    deadline: float | None = None
 
     def data(self) -> list[Sample]:
         """Deep copies of the recorded inputs, safe to hand to a backend."""

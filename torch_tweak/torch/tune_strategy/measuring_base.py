@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import math
 import threading
+import time
 from abc import abstractmethod
 from collections.abc import Iterable
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from torch_tweak.errors import ConfigError, TuningError
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.backend.batch_router import BatchRouterBackend
-from torch_tweak.torch.backend.registry import default_candidates
+from torch_tweak.torch.backend.registry import build_cost, default_candidates
 from torch_tweak.torch.backend.torch_eager import TorchEagerBackend
 from torch_tweak.torch.fidelity import FidelityConfig
 from torch_tweak.torch.profiling import (
@@ -50,6 +51,13 @@ from torch_tweak.torch.tune_strategy.base import (
 from torch_tweak.torch.tune_strategy.batch_search import search_if_enabled
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, StrategyResult, selection_dict
 from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
+from torch_tweak.torch.tune_strategy.screening import (
+    BuildCosts,
+    best_at_ends,
+    mark_screened_out,
+    screened_out,
+    screening_plan,
+)
 from torch_tweak.torch.tune_strategy.sweeping import sweep_backend
 from torch_tweak.utils.validate import check_bool, check_int
 
@@ -81,6 +89,11 @@ class MeasuringStrategy(TuneStrategy):
         measurement_stop_strategy: a stop strategy of the reference Torch Tweak for each measurement
             (:mod:`torch_tweak.torch.profiling.stop_rules`), applied on top of ``profiling``.
         profiling_stop_strategy: the same for the batch-size sweep.
+        screening: measure candidates at the plan's smallest and largest batch size first and sweep every
+            batch size only for those within ``screening_margin`` of the best at either end
+            (:mod:`~torch_tweak.torch.tune_strategy.screening`).
+        screening_margin: how far below the best screened throughput (0.5 = half of it) a candidate may be
+            and still be swept.
     """
 
     metric_name = "throughput"
@@ -100,6 +113,8 @@ class MeasuringStrategy(TuneStrategy):
         fidelity: FidelityConfig | None = None,
         measurement_stop_strategy: Any = None,
         profiling_stop_strategy: Any = None,
+        screening: bool = True,
+        screening_margin: float = 0.5,
     ) -> None:
         super().__init__(fidelity)
         owner = type(self).__name__
@@ -116,7 +131,13 @@ class MeasuringStrategy(TuneStrategy):
         self.find_max_batch_size = check_bool(find_max_batch_size, f"{owner}: find_max_batch_size")
         self.max_batch_size_limit = check_int(max_batch_size_limit, f"{owner}: max_batch_size_limit", minimum=1)
         self.baseline = backends_from([baseline], owner)[0] if baseline is not None else TorchEagerBackend()
+        self.screening = check_bool(screening, f"{owner}: screening")
+        self.screening_margin = _check_number(owner, "screening_margin", screening_margin, allow_zero=True)
+        if self.screening_margin >= 1:
+            raise ConfigError(f"{owner}: screening_margin must be < 1 (0.5 sweeps candidates with at least half the "
+                              f"best screened throughput), got {screening_margin!r}.")
         self.results: list[StrategyResult] = []
+        self._costs = BuildCosts()
 
     def candidates(self) -> list[Backend]:
         """The candidate templates (the defaults when none were given)."""
@@ -160,9 +181,10 @@ class MeasuringStrategy(TuneStrategy):
     # the tuning flow --------------------------------------------------------------------------
 
     def _templates(self) -> list[tuple[Backend, str]]:
+        """The baseline, then the candidates cheapest build first (stable: equal costs keep their order)."""
         baseline_key = self.baseline.key()
-        others = [(t, "candidate") for t in self.candidates() if t.key() != baseline_key]
-        return [(self.baseline, BASELINE), *others]
+        others = sorted((t for t in self.candidates() if t.key() != baseline_key), key=build_cost)
+        return [(self.baseline, BASELINE), *((t, "candidate") for t in others)]
 
     def _plan(self, task: GraphTask) -> Plan:
         spec = task.graph_spec
@@ -175,22 +197,31 @@ class MeasuringStrategy(TuneStrategy):
     def _tune(self, task: GraphTask) -> Backend:
         search_if_enabled(self, task)
         plan = self._plan(task)
+        screen = screening_plan(plan) if self.screening else None
         evaluations: list[Evaluation] = []
-        best: Evaluation | None = None
         queue = self._templates()
         seen = {template.key() for template, _ in queue}
         while queue:
             template, role = queue.pop(0)
-            evaluation = self._evaluate(template, task, role, plan)
+            skipped = self._costs.skip_row(template, task.deadline, role) if role != BASELINE else None
+            if skipped is not None:
+                task.report.candidates.append(skipped)
+                logger.info("%s: %s %s", describe_task(task), skipped.backend, skipped.error)
+                continue
+            started = time.perf_counter()
+            evaluation = self._evaluate(template, task, role, plan if screen is None or role == BASELINE else screen)
+            self._costs.note(template, time.perf_counter() - started)
             evaluations.append(evaluation)
             retry = _precision_retry(template, evaluation, seen)
             if retry is not None:
                 queue.insert(0, (retry, role))
-            if evaluation.backend is None or role == BASELINE:
-                continue
-            if evaluation.pick is not None and (best is None or self._score(evaluation.pick) > self._score(best.pick)):
-                best = evaluation
-            self._release_unneeded(evaluations, best)
+            if screen is not None:
+                self._screen(evaluations, screen)
+            else:
+                self._release_unneeded(evaluations, self._best(evaluations))
+        if screen is not None:
+            self._sweep_survivors(task, evaluations, plan)
+        best = self._best(evaluations)
         chosen, reason = self._choose(task, evaluations, best)
         routes = batch_routes(chosen, evaluations, 1.0 + self.eager_margin) if self._routes_batches else None
         serving = [chosen] if routes is None else [e for _, e in routes]
@@ -209,6 +240,36 @@ class MeasuringStrategy(TuneStrategy):
         self.results.append(StrategyResult(task.module_name, task.report))
         logger.info("%s: chose %s (%s)", describe_task(task), task.report.chosen, reason)
         return backend
+
+    def _best(self, evaluations: list[Evaluation]) -> Evaluation | None:
+        """The built candidate (not the baseline) with the best score, if any qualifies."""
+        qualified = [e for e in evaluations if e.role != BASELINE and e.backend is not None and e.pick is not None]
+        return max(qualified, key=lambda e: self._score(e.pick), default=None)  # type: ignore[arg-type]
+
+    def _screen(self, evaluations: list[Evaluation], screen: Plan) -> None:
+        """Release the screened candidates that can no longer be within the margin of the best."""
+        screened = [e for e in evaluations if e.role != BASELINE and e.backend is not None]
+        best = best_at_ends(screened, screen.batch_sizes)
+        for evaluation in screened:
+            reason = screened_out(evaluation.sweep, best, self.screening_margin)
+            if reason is not None:
+                mark_screened_out(evaluation, reason)
+                release_quietly(evaluation.backend)
+                evaluation.backend = None
+
+    def _sweep_survivors(self, task: GraphTask, evaluations: list[Evaluation], plan: Plan) -> None:
+        """Sweep every batch size of the plan for the candidates screening kept."""
+        for evaluation in evaluations:
+            if evaluation.role == BASELINE or evaluation.backend is None:
+                continue
+            backend = evaluation.backend
+            finished, result = run_with_time_limit(
+                lambda cancel, b=backend: self._measure_backend(b, task, plan, cancel), self.candidate_time_limit_s)
+            if not finished or not result.measurements:
+                continue  # keeps its screening measurements, which already qualified it
+            evaluation.sweep, evaluation.pick = result, self._pick(result)
+            evaluation.row.measurements = result.to_dict()
+            evaluation.row.measurements["selection"] = selection_dict(self.metric_name, evaluation.pick)
 
     def _release_unneeded(self, evaluations: list[Evaluation], best: Evaluation | None) -> None:
         """Deactivate candidates that can no longer be chosen or serve a batch-size range (eager stays)."""

@@ -1,0 +1,106 @@
+"""Screening before sweeping, and the time budget of a tuning run.
+
+Measuring every candidate over every batch size costs as much as building some of them. A measuring
+strategy therefore first measures each candidate at the smallest and the largest batch size of its plan
+(the two ends, where latency and throughput winners show), and sweeps all batch sizes only for the
+candidates within ``screening_margin`` of the best at either end; the others are ``screened_out`` rows
+with their two measurements. The eager baseline is always swept in full (the eager gate compares with it).
+
+``tt.tune(..., time_budget_s=...)`` gives each graph a share of the remaining time when its tuning starts
+(unused time rolls over to the next graph). A strategy builds its candidates cheapest first (the registry's
+``build_cost``) and skips a candidate, with a ``skipped`` row saying why, once the graph's share would not
+cover what a candidate of the same backend class took earlier in the run (or once it is used up).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.torch.profiling import SweepResult
+from torch_tweak.torch.report.report import CandidateReport
+from torch_tweak.torch.report.status import CandidateStatus
+from torch_tweak.torch.tune_strategy.results import Evaluation, Plan
+
+
+def screening_plan(plan: Plan) -> Plan | None:
+    """The plan's two end batch sizes, or None when the plan has no more than two (nothing to save)."""
+    if len(plan.batch_sizes) <= 2:
+        return None
+    return replace(plan, batch_sizes=[min(plan.batch_sizes), max(plan.batch_sizes)])
+
+
+def best_at_ends(evaluations: list[Evaluation], sizes: list[int]) -> dict[int, float]:
+    """The highest throughput any screened candidate reached at each screening batch size."""
+    best: dict[int, float] = {}
+    for evaluation in evaluations:
+        for size in sizes:
+            measured = evaluation.sweep.at(size) if evaluation.sweep is not None else None
+            if measured is not None:
+                best[size] = max(best.get(size, 0.0), measured.throughput)
+    return best
+
+
+def screened_out(sweep: SweepResult | None, best: dict[int, float], margin: float) -> str | None:
+    """Why a screened candidate cannot win (None: it is within ``margin`` of the best at some end)."""
+    if sweep is None:
+        return None
+    ratios = {size: m.throughput / best[size] for size in best if (m := sweep.at(size)) is not None and best[size]}
+    if not ratios or any(r >= 1.0 - margin for r in ratios.values()):
+        return None
+    shown = ", ".join(f"{r:.2f}x at batch {size}" for size, r in sorted(ratios.items()))
+    return (f"screened out: {shown} of the best candidate's throughput, below the {1.0 - margin:.2f}x "
+            f"(screening_margin={margin:g}) a candidate needs at one end to be swept over every batch size")
+
+
+def mark_screened_out(evaluation: Evaluation, reason: str) -> None:
+    """Turn a passed candidate's row into a ``screened_out`` row."""
+    evaluation.row.status = CandidateStatus.SCREENED_OUT
+    evaluation.row.error = reason
+    evaluation.pick = None
+
+
+@dataclass
+class TimeBudget:
+    """The deadline of a whole tuning run, shared out among its graphs as they start."""
+
+    seconds: float
+    graphs_left: int
+    start: float = field(default_factory=time.perf_counter)
+
+    def graph_deadline(self) -> float:
+        """The deadline of the next graph: an equal share of the time left (the previous graphs' savings too)."""
+        now = time.perf_counter()
+        left = max(0.0, self.start + self.seconds - now)
+        share = left / max(1, self.graphs_left)
+        self.graphs_left = max(0, self.graphs_left - 1)
+        return now + share
+
+
+@dataclass
+class BuildCosts:
+    """Seconds a candidate of each backend class took (build, check, measurement), learned during a run."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def note(self, template: Backend, seconds: float) -> None:
+        """Remember the longest time a candidate of this class took."""
+        name = type(template).__name__
+        self.seconds[name] = max(self.seconds.get(name, 0.0), seconds)
+
+    def skip_row(self, template: Backend, deadline: float | None, role: str) -> CandidateReport | None:
+        """A ``skipped`` row if the candidate does not fit before ``deadline``, else None."""
+        if deadline is None:
+            return None
+        left = deadline - time.perf_counter()
+        expected = self.seconds.get(type(template).__name__, 0.0)
+        if left > expected and left > 0:
+            return None
+        row = CandidateReport(backend=template.describe(), key=template.key(), role=role,
+                              status=CandidateStatus.SKIPPED)
+        why = (f"its graph's share of time_budget_s is used up ({-left:.1f} s over)" if left <= 0 else
+               f"{left:.1f} s of its graph's share of time_budget_s are left and a {type(template).__name__} "
+               f"candidate took {expected:.1f} s earlier in this run")
+        row.error = f"skipped: {why}; raise time_budget_s to try it"
+        return row
