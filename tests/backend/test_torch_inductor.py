@@ -14,6 +14,7 @@ from toy_models import BnCNN
 
 import torch_tweak.torch as tt
 from torch_tweak.errors import BackendStateError, BuildError, ConfigError
+from torch_tweak.torch.backend import _warm_package
 from torch_tweak.torch.backend.backend import BackendState
 from torch_tweak.torch.backend.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig
 from torch_tweak.torch.module.recording import record
@@ -145,17 +146,22 @@ def test_state_machine_and_deactivate_keeps_other_backends_compiled(mlp, encoder
 def test_to_dict_from_dict_round_trip(encoder):
     model, backend, spec, samples = encoder
     state = backend.to_dict()
-    json.dumps(state)  # no tensors, no artifacts: JSON only
+    package = state.pop(_warm_package.STATE_PACKAGE)  # the warm-load package: the one artifact, a file
+    assert isinstance(package, Path) and package.is_file()
+    json.dumps(state)  # otherwise no tensors, no artifacts: JSON only
     assert "samples" not in json.dumps(state)
-    restored = TorchInductorBackend.from_dict(model, json.loads(json.dumps(state)))
-    assert restored.state == BackendState.CHECKPOINT_LOADED
-    assert restored.key() == backend.key() and restored.describe() == backend.describe()
-    restored.deploy("cpu")
-    assert restored.state == BackendState.DEPLOYED
-    for s in samples:
-        assert_close(restored.infer(*s.args, **s.kwargs), s.outputs)
-    with pytest.raises(BackendStateError):
-        restored.deactivate()
+    for stored in (package, None):  # served from the package, or compiled again without it
+        restored = TorchInductorBackend.from_dict(model, {**json.loads(json.dumps(state)),
+                                                          _warm_package.STATE_PACKAGE: stored})
+        assert restored.state == BackendState.CHECKPOINT_LOADED
+        assert restored.key() == backend.key() and restored.describe() == backend.describe()
+        restored.deploy("cpu")
+        assert restored.state == BackendState.DEPLOYED
+        assert isinstance(restored._compiled, _warm_package.PackageRunner) is (stored is not None)
+        for s in samples:
+            assert_close(restored.infer(*s.args, **s.kwargs), s.outputs)
+        with pytest.raises(BackendStateError):
+            restored.deactivate()
 
 
 def test_autocast_restores_output_dtype(tmp_path):

@@ -15,6 +15,7 @@ from torch import nn
 
 import torch_tweak.torch as tt
 from torch_tweak.errors import BackendStateError, BuildError, ConfigError
+from torch_tweak.torch.backend import _warm_package
 from torch_tweak.torch.backend.backend import BackendState
 from torch_tweak.torch.backend.torchao import PRESETS, TorchAOBackend, TorchAOBackendConfig
 from torch_tweak.torch.module.recording import record
@@ -163,14 +164,19 @@ def test_activate_does_not_quantize_again(mlp, monkeypatch):
 
 def test_to_dict_from_dict_round_trip(mlp):
     model, backend, _, samples = mlp
-    state = json.loads(json.dumps(backend.to_dict()))  # JSON only: no tensors, no artifacts, no samples
+    state = backend.to_dict()
+    package = state.pop(_warm_package.STATE_PACKAGE)  # the warm-load package of the quantized graph: a file
+    assert isinstance(package, Path) and package.is_file()
+    state = json.loads(json.dumps(state))  # otherwise JSON only: no tensors, no artifacts, no samples
     assert state["config"] == {"quantization": "int8dq", "quantization_config": None}
-    restored = TorchAOBackend.from_dict(model, state)
-    assert restored.state == BackendState.CHECKPOINT_LOADED and restored.key() == backend.key()
-    restored.deploy("cpu")
-    assert restored.state == BackendState.DEPLOYED
-    for s in samples:
-        assert_similar(restored.infer(*s.args), s.outputs)
+    for stored in (package, None):  # served from the package, or quantized and compiled again without it
+        restored = TorchAOBackend.from_dict(model, {**state, _warm_package.STATE_PACKAGE: stored})
+        assert restored.state == BackendState.CHECKPOINT_LOADED and restored.key() == backend.key()
+        restored.deploy("cpu")
+        assert restored.state == BackendState.DEPLOYED
+        assert (restored._quantized is None) is (stored is not None)  # the package needs no quantized copy
+        for s in samples:
+            assert_similar(restored.infer(*s.args), s.outputs)
     with pytest.raises(ValueError, match="Invalid state_dict type: TorchEagerBackend"):
         TorchAOBackend.from_dict(model, {**state, "type": "TorchEagerBackend"})
     with pytest.raises(ValueError, match="original module"):

@@ -98,18 +98,22 @@ def check_backend_state(backend_type: str, backend_class: str, state: Any, where
     return classes
 
 
-def native_references(backend_type: str, backend_class: str, state: Any, where: str) -> list[tuple[dict[str, Any], str, bool]]:
+def native_references(backend_type: str, backend_class: str, state: Any, where: str,
+                      live: dict[str, type[Backend]] | None = None) -> list[tuple[dict[str, Any], str, bool]]:
     """``(sub-state, key, optional)`` for every artifact reference in a stored backend state that is native code.
 
     A native backend's (``native_code``) artifacts are all native and required; a backend's
     ``optional_native_keys`` are native artifacts it can do without (it compiles instead), marked ``optional``.
-    Classes resolve as in :func:`check_backend_state`, from the class attributes, never from the manifest.
+    Classes resolve as in :func:`check_backend_state`, from the class attributes, never from the manifest;
+    ``tt.save`` passes the classes of the live backends instead (``live``: type name → class).
     """
     found = []
     for type_name, class_name, sub in components(backend_type, backend_class, state):
         if not isinstance(class_name, str) or not isinstance(sub, dict):
             continue  # refused by check_backend_state
-        cls = resolve_backend(type_name, class_name, where)
+        cls = live.get(type_name) if live is not None else resolve_backend(type_name, class_name, where)
+        if cls is None:
+            continue
         native = is_native(cls)
         for key in cls.artifact_keys if native else cls.optional_native_keys:
             value = sub.get(key)

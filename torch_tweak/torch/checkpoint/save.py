@@ -133,7 +133,8 @@ def _graph_entry(pending: _Pending, backend: Backend, spec: GraphSpec, key: Any,
                         "requires_original_module": bool(backend.requires_original_module),
                         "native_code": any(is_native(type(b)) for b in backend.components()), "artifacts": artifacts,
                         "native_artifacts": sorted(sub[key]["member"] for sub, key, _ in native_references(
-                            type(backend).__name__, qualified_name(type(backend)), encoded, where)),
+                            type(backend).__name__, qualified_name(type(backend)), encoded, where,
+                            {type(b).__name__: type(b) for b in backend.components()})),
                         "state": encoded}}
 
 
