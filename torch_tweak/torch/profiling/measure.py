@@ -138,6 +138,20 @@ class Measurement:
             "warmup_ms": [round(t, 6) for t in self.warmup_ms],
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        """Rebuild a measurement from :meth:`to_dict` (reused tuning results); ValueError if malformed."""
+        try:
+            times = [float(t) for t in data["times_ms"]]
+            warmup = [float(t) for t in data["warmup_ms"]]
+            batch_size = data["batch_size"]
+            if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1 or not times:
+                raise ValueError("bad batch size or no timed calls")
+            return cls(batch_size, times, warmup, bool(data["stable"]), str(data["stop_reason"]),
+                       float(data["elapsed_s"]), bool(data["batched"]), float(data["window_cv"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a stored measurement: {exc}") from exc
+
 
 def measure(
     fn: Callable[[], Any],

@@ -87,6 +87,18 @@ class SweepResult:
             "runs": [m.to_dict() for m in self.measurements],
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SweepResult:
+        """Rebuild a sweep from :meth:`to_dict` (reused tuning results); ValueError if malformed."""
+        try:
+            runs = [Measurement.from_dict(run) for run in data["runs"]]
+            error, at = data["error"], data["error_batch_size"]
+            if (error is not None and not isinstance(error, str)) or (at is not None and not isinstance(at, int)):
+                raise ValueError("bad error fields")
+            return cls(runs, str(data["stop_reason"]), error, at)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a stored sweep: {exc}") from exc
+
 
 def sweep(
     prepare: Callable[[int], Callable[[], Any]],

@@ -123,6 +123,7 @@ def _candidate_table(graph: Any) -> str:
     out = ["<table><tr>" + "".join(f"<th>{h}</th>" for h in _CANDIDATE_HEADERS) + "</tr>"]
     for candidate, m in zip(graph.candidates, graph_metrics(graph)):
         name = candidate.backend + (" (eager baseline)" if candidate.role == "baseline" else "")
+        name += " (reused from an earlier run)" if candidate.reused else ""
         build = f"{candidate.build_time_s:.2f}" if isinstance(candidate.build_time_s, (int, float)) else ""
         numbers = [format_fidelity(candidate), format_throughput(m), format_ms(m.p50_ms), format_ms(m.p99_ms),
                    format_speedup(m.speedup), build]

@@ -46,6 +46,7 @@ class CandidateReport:
         log_path: the candidate's build log.
         measurements: profiling results, when the strategy measured the candidate.
         role: ``candidate`` or ``baseline`` (eager measured for comparison).
+        reused: the check and the measurements come from an earlier run (the tuning-result cache).
     """
 
     backend: str
@@ -58,6 +59,7 @@ class CandidateReport:
     log_path: str | None = None
     measurements: dict[str, Any] | None = None
     role: str = "candidate"
+    reused: bool = False
 
     @property
     def selection(self) -> dict[str, Any] | None:
@@ -158,6 +160,7 @@ class TuningReport:
                     rows.append(([module.name, graph.name, "", module.status, *blank], module.error))
                 for cand, m in zip(graph.candidates, graph_metrics(graph)):
                     name = f"{cand.backend} (baseline)" if cand.role == "baseline" else cand.backend
+                    name += " (reused)" if cand.reused else ""
                     rows.append(([module.name, graph.name, name, cand.status, cand.precision or "",
                                   format_fidelity(cand), format_throughput(m), format_ms(m.p50_ms),
                                   format_ms(m.p99_ms), format_speedup(m.speedup),

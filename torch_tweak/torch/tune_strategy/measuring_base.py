@@ -37,7 +37,15 @@ from torch_tweak.torch.profiling import (
 )
 from torch_tweak.torch.profiling.limit import run_with_time_limit
 from torch_tweak.torch.profiling.stop_rules import apply_stop_rules
-from torch_tweak.torch.report.report import CHOSEN, INFER_FAILED, REJECTED, TIMEOUT, CandidateReport, GraphReport
+from torch_tweak.torch.report.report import (
+    CHOSEN,
+    INFER_FAILED,
+    PASSED,
+    REJECTED,
+    TIMEOUT,
+    CandidateReport,
+    GraphReport,
+)
 from torch_tweak.torch.tune_strategy.base import (
     CandidateFailedError,
     GraphTask,
@@ -49,6 +57,7 @@ from torch_tweak.torch.tune_strategy.base import (
     release_quietly,
 )
 from torch_tweak.torch.tune_strategy.batch_search import search_if_enabled
+from torch_tweak.torch.tune_strategy.result_cache import ResultCache
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, StrategyResult, selection_dict
 from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
 from torch_tweak.torch.tune_strategy.screening import (
@@ -94,6 +103,9 @@ class MeasuringStrategy(TuneStrategy):
             (:mod:`~torch_tweak.torch.tune_strategy.screening`).
         screening_margin: how far below the best screened throughput (0.5 = half of it) a candidate may be
             and still be swept.
+        reuse_results: reuse what an earlier run measured for the same weights, graph, backend, settings and
+            environment (:mod:`~torch_tweak.torch.tune_strategy.result_cache`); a reused candidate is built
+            again only if it is chosen.
     """
 
     metric_name = "throughput"
@@ -115,6 +127,7 @@ class MeasuringStrategy(TuneStrategy):
         profiling_stop_strategy: Any = None,
         screening: bool = True,
         screening_margin: float = 0.5,
+        reuse_results: bool = True,
     ) -> None:
         super().__init__(fidelity)
         owner = type(self).__name__
@@ -136,6 +149,7 @@ class MeasuringStrategy(TuneStrategy):
         if self.screening_margin >= 1:
             raise ConfigError(f"{owner}: screening_margin must be < 1 (0.5 sweeps candidates with at least half the "
                               f"best screened throughput), got {screening_margin!r}.")
+        self.reuse_results = check_bool(reuse_results, f"{owner}: reuse_results")
         self.results: list[StrategyResult] = []
         self._costs = BuildCosts()
 
@@ -198,19 +212,30 @@ class MeasuringStrategy(TuneStrategy):
         search_if_enabled(self, task)
         plan = self._plan(task)
         screen = screening_plan(plan) if self.screening else None
+        cache = ResultCache(task.module, task.graph_spec, self._settings(plan, screen)) \
+            if self.reuse_results else None
         evaluations: list[Evaluation] = []
         queue = self._templates()
         seen = {template.key() for template, _ in queue}
         while queue:
             template, role = queue.pop(0)
+            key = cache.key(template, role) if cache is not None else None
+            stored = cache.load(key) if cache is not None else None
             skipped = self._costs.skip_row(template, task.deadline, role) if role != BASELINE else None
-            if skipped is not None:
+            if stored is not None:
+                evaluation = self._reused(task, role, *stored)
+            elif skipped is not None:
                 task.report.candidates.append(skipped)
                 logger.info("%s: %s %s", describe_task(task), skipped.backend, skipped.error)
                 continue
-            started = time.perf_counter()
-            evaluation = self._evaluate(template, task, role, plan if screen is None or role == BASELINE else screen)
-            self._costs.note(template, time.perf_counter() - started)
+            else:
+                started = time.perf_counter()
+                evaluation = self._evaluate(template, task, role,
+                                            plan if screen is None or role == BASELINE else screen)
+                self._costs.note(template, time.perf_counter() - started)
+                if cache is not None:
+                    cache.store(key, evaluation.row, evaluation.sweep)
+            evaluation.template, evaluation.key = template, key
             evaluations.append(evaluation)
             retry = _precision_retry(template, evaluation, seen)
             if retry is not None:
@@ -220,11 +245,16 @@ class MeasuringStrategy(TuneStrategy):
             else:
                 self._release_unneeded(evaluations, self._best(evaluations))
         if screen is not None:
-            self._sweep_survivors(task, evaluations, plan)
-        best = self._best(evaluations)
-        chosen, reason = self._choose(task, evaluations, best)
-        routes = batch_routes(chosen, evaluations, 1.0 + self.eager_margin) if self._routes_batches else None
-        serving = [chosen] if routes is None else [e for _, e in routes]
+            self._sweep_survivors(task, evaluations, plan, screen, cache)
+        while True:  # a reused result serves once built and checked again; then routes are worked out again
+            chosen, reason = self._choose(task, evaluations, self._best(evaluations))
+            routes = batch_routes(chosen, evaluations, 1.0 + self.eager_margin) if self._routes_batches else None
+            serving = [chosen] if routes is None else [e for _, e in routes]
+            missing = [e for e in serving if e.backend is None]
+            if not missing:
+                break
+            for evaluation in missing:
+                self._rebuild(task, evaluation)
         for evaluation in evaluations:
             if all(evaluation is not e for e in serving) and evaluation.backend is not None:
                 release_quietly(evaluation.backend)
@@ -243,24 +273,65 @@ class MeasuringStrategy(TuneStrategy):
 
     def _best(self, evaluations: list[Evaluation]) -> Evaluation | None:
         """The built candidate (not the baseline) with the best score, if any qualifies."""
-        qualified = [e for e in evaluations if e.role != BASELINE and e.backend is not None and e.pick is not None]
+        qualified = [e for e in evaluations if e.role != BASELINE and e.qualified]
         return max(qualified, key=lambda e: self._score(e.pick), default=None)  # type: ignore[arg-type]
+
+    def _settings(self, plan: Plan, screen: Plan | None) -> dict[str, Any]:
+        """What a stored result depends on besides weights, graph, backend and environment."""
+        profiling = {f.name: getattr(self.profiling, f.name) for f in dataclasses.fields(self.profiling)
+                     if f.name != "clock"}  # which clock measured does not change the result
+        return {"strategy": type(self).__name__, "profiling": profiling, "fidelity": repr(self.fidelity),
+                "batch_sizes": plan.batch_sizes, "batched": plan.batched,
+                "screen": screen.batch_sizes if screen is not None else None}
+
+    def _reused(self, task: GraphTask, role: str, row: CandidateReport, sweep: SweepResult | None) -> Evaluation:
+        """An evaluation from the result cache: its row goes into the report, marked ``reused``."""
+        row.reused = True
+        task.report.candidates.append(row)
+        pick = self._pick(sweep) if sweep is not None and row.status == PASSED else None
+        logger.info("%s: %s reused from an earlier run (%s)", describe_task(task), row.backend, row.status)
+        return Evaluation(role, row, None, sweep, pick, reused=True)
+
+    def _rebuild(self, task: GraphTask, evaluation: Evaluation) -> bool:
+        """Build and check a reused candidate that is to serve; False (its row says why) if that fails now."""
+        assert evaluation.template is not None
+        private = dataclasses.replace(task, report=GraphReport(name=task.report.name))
+        try:
+            backend, fresh = self.try_backend(evaluation.template, private, evaluation.role)
+        except CandidateFailedError as failure:
+            for name in ("status", "error", "fidelity", "log_path", "build_time_s"):
+                setattr(evaluation.row, name, getattr(failure.report, name))
+            evaluation.pick, evaluation.reused = None, False
+            logger.warning("%s: %s, reused from an earlier run, failed when built again: %s", describe_task(task),
+                           evaluation.row.backend, evaluation.row.error)
+            return False
+        evaluation.backend = backend
+        evaluation.row.fidelity, evaluation.row.build_time_s = fresh.fidelity, fresh.build_time_s
+        return True
 
     def _screen(self, evaluations: list[Evaluation], screen: Plan) -> None:
         """Release the screened candidates that can no longer be within the margin of the best."""
-        screened = [e for e in evaluations if e.role != BASELINE and e.backend is not None]
+        screened = [e for e in evaluations if e.role != BASELINE and (e.backend is not None or e.reused)]
         best = best_at_ends(screened, screen.batch_sizes)
         for evaluation in screened:
             reason = screened_out(evaluation.sweep, best, self.screening_margin)
             if reason is not None:
                 mark_screened_out(evaluation, reason)
-                release_quietly(evaluation.backend)
-                evaluation.backend = None
+                if evaluation.backend is not None:
+                    release_quietly(evaluation.backend)
+                evaluation.backend, evaluation.reused = None, False
 
-    def _sweep_survivors(self, task: GraphTask, evaluations: list[Evaluation], plan: Plan) -> None:
-        """Sweep every batch size of the plan for the candidates screening kept."""
+    def _sweep_survivors(self, task: GraphTask, evaluations: list[Evaluation], plan: Plan, screen: Plan,
+                         cache: ResultCache | None) -> None:
+        """Sweep every batch size of the plan for the candidates screening kept (a reused result that was
+        swept already keeps its sweep)."""
         for evaluation in evaluations:
-            if evaluation.role == BASELINE or evaluation.backend is None:
+            if evaluation.role == BASELINE or not evaluation.qualified:
+                continue
+            measured = [m.batch_size for m in evaluation.sweep.measurements] if evaluation.sweep else []
+            if evaluation.reused and measured != screen.batch_sizes:
+                continue
+            if evaluation.backend is None and not self._rebuild(task, evaluation):
                 continue
             backend = evaluation.backend
             finished, result = run_with_time_limit(
@@ -270,6 +341,8 @@ class MeasuringStrategy(TuneStrategy):
             evaluation.sweep, evaluation.pick = result, self._pick(result)
             evaluation.row.measurements = result.to_dict()
             evaluation.row.measurements["selection"] = selection_dict(self.metric_name, evaluation.pick)
+            if cache is not None:
+                cache.store(evaluation.key, evaluation.row, result)
 
     def _release_unneeded(self, evaluations: list[Evaluation], best: Evaluation | None) -> None:
         """Deactivate candidates that can no longer be chosen or serve a batch-size range (eager stays)."""
@@ -290,7 +363,7 @@ class MeasuringStrategy(TuneStrategy):
             others = "; ".join(f"{e.row.backend}: {e.row.error or 'does not qualify'}" for e in evaluations[1:])
             return eager, f"no other candidate qualified ({others}); eager stays with {self._describe_pick(eager.pick)}"
         assert best.pick is not None
-        if eager.backend is None:
+        if eager.backend is None and not eager.reused:
             return best, (f"{self._describe_pick(best.pick)}; the eager baseline failed ({eager.row.error}), so "
                           "the eager gate could not be applied")
         if eager.pick is None:

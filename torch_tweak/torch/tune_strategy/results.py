@@ -12,13 +12,22 @@ from torch_tweak.torch.report.report import CandidateReport, GraphReport
 
 @dataclass
 class Evaluation:
-    """One candidate's outcome: its report row, the built backend (None if it failed) and its sweep."""
+    """One candidate's outcome: its report row, the built backend (None if it failed or was reused) and its
+    sweep."""
 
     role: str
     row: CandidateReport
     backend: Backend | None = None
     sweep: SweepResult | None = None
     pick: Measurement | None = None
+    template: Backend | None = None  # what to build if a reused result is chosen
+    key: str | None = None  # its result-cache key
+    reused: bool = False  # row and sweep come from the result cache; ``backend`` is built only if chosen
+
+    @property
+    def qualified(self) -> bool:
+        """Built (or reused) and measured, so it can be compared and chosen."""
+        return (self.backend is not None or self.reused) and self.pick is not None
 
 
 #: A candidate's outcome as a strategy reports it: the report's own row (one model for both).

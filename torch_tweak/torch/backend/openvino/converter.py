@@ -26,8 +26,8 @@ from torch import nn
 
 from torch_tweak.errors import BackendUnavailableError, ConversionError
 from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
+from torch_tweak.torch.module.digest import weights_digest
 from torch_tweak.torch.module.forward import pristine
-from torch_tweak.torch.module.released import has_values
 from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
 from torch_tweak.torch.module.tree import Sample
 from torch_tweak.utils.permissions import secure_file, secure_mkdir
@@ -142,12 +142,10 @@ def fingerprint(module: nn.Module, graph_spec: GraphSpec, config: dict[str, Any]
     except Exception as exc:  # noqa: BLE001 - an undescribable graph only disables IR reuse
         logger.debug("No IR fingerprint for graph %s: %s", graph_spec.name, exc)
         return None
-    for name, tensor in module.state_dict().items():
-        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
-        if not has_values(tensor):
-            return None
-        flat = tensor.detach().cpu().contiguous().reshape(-1)
-        digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+    weights = weights_digest(module)
+    if weights is None:
+        return None
+    digest.update(weights.encode())
     return digest.hexdigest()
 
 
