@@ -129,7 +129,11 @@ def _list_cache(root: Path) -> None:
               "torch_tweak; `torch-tweak cache clear` refuses it)")
         return
     adopted = "" if marker.created_root else " (an existing folder torch_tweak uses: clearing keeps the folder itself)"
-    print(f"cache folder {root}: {files} files, {_human(total)}{adopted}")
+    from torch_tweak.torch.config import config
+
+    limit = config.cache_size_limit_gb
+    bound = "no size limit" if limit is None else f"least recently used items beyond {limit:g} GB go after tt.tune"
+    print(f"cache folder {root}: {files} files, {_human(total)}{adopted}; {bound}")
     for entry in sorted(root.iterdir()):
         if entry.name == CACHE_MARKER:
             continue

@@ -76,6 +76,8 @@ class TorchTweakConfig:
             ``"error"`` raises :class:`SignatureMismatchError`, ``"passthrough"`` runs the original
             module (only possible while its weights are still in memory).
         progress: live progress display during ``tt.tune``; None means "when stderr is a terminal".
+        cache_size_limit_gb: after each ``tt.tune`` the least recently used build folders and stored results
+            are deleted until torch_tweak's part of the cache folder is at most this size (None: no limit).
         llm_phase_detection: calls of a language model (a ``cache_position`` argument or a KV cache
             passed as ``past_key_values``/``cache``) are split into a prefill and a decode graph.
         console_output: a backend build's output goes to the console as well as to its ``build.log``
@@ -98,6 +100,7 @@ class TorchTweakConfig:
     on_unknown_signature: str = "error"
     progress: bool | None = field(default_factory=lambda: _env_bool("TORCH_TWEAK_PROGRESS", None))
     llm_phase_detection: bool = True
+    cache_size_limit_gb: float | None = 20.0
     console_output: bool = field(default_factory=lambda: bool(_env_bool("TORCH_TWEAK_CONSOLE_OUTPUT", False)))
     system_monitor: bool = field(default_factory=lambda: bool(_env_bool("TORCH_TWEAK_SYSTEM_MONITOR", False)))
     inspect_debug: bool = field(default_factory=lambda: bool(_env_bool("TORCH_TWEAK_INSPECT_DEBUG", False)))
@@ -126,6 +129,12 @@ def _validate(name: str, value: Any) -> Any:
         return check_bool(value, f"tt.config.{name}")
     if name == "progress":
         return check_bool(value, "tt.config.progress (None: automatic)", allow_none=True)
+    if name == "cache_size_limit_gb":
+        ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+                               and value != float("inf"))
+        if not ok:
+            raise ConfigError(f"tt.config.cache_size_limit_gb must be a positive number of GB or None, got {value!r}.")
+        return value
     if name == "max_num_samples_stored":
         return check_int(value, "tt.config.max_num_samples_stored", minimum=1)
     if name == "min_num_samples":

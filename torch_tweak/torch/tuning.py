@@ -15,6 +15,7 @@ from torch_tweak.torch import progress
 from torch_tweak.torch._device import get_device
 from torch_tweak.torch.cache import cache_folder, cache_root
 from torch_tweak.torch.cache import clear_cache as _clear_cache
+from torch_tweak.torch.cache_limit import enforce_size_limit
 from torch_tweak.torch.config import config
 from torch_tweak.torch.dataset import dataset_items, iter_batches
 from torch_tweak.torch.module.sample_store import SampleStore
@@ -69,7 +70,7 @@ def tune(
     Returns:
         The :class:`TuningReport` of every module, graph and candidate.
     """
-    start = time.perf_counter()
+    start, started_at = time.perf_counter(), time.time()
     target = get_device(device if device is not None else config.default_device)
     if device is None and target.type == "cpu" and hasattr(torch, "xpu") and torch.xpu.is_available():
         logger.info("Tuning on cpu, torch_tweak's default device (the reference Torch Tweak defaulted to xpu:0); "
@@ -100,6 +101,8 @@ def tune(
     finally:
         if stores is not None:
             stores.remove()
+        if not dry_run:
+            enforce_size_limit(keep_since=started_at)
 
 
 def _record_and_tune(func: Callable[..., Any], items: Any, sizes: list[int], max_batches: int | None,

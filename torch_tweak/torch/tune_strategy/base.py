@@ -24,6 +24,7 @@ from torch_tweak.torch import progress
 from torch_tweak.torch.backend.backend import Backend, BackendState
 from torch_tweak.torch.backend.non_finite_guard import NonFiniteGuardBackend
 from torch_tweak.torch.backend.torch_eager import TorchEagerBackend
+from torch_tweak.torch.cache_limit import touch
 from torch_tweak.torch.config import config
 from torch_tweak.torch.fidelity import (
     NON_FINITE_GUARD,
@@ -232,6 +233,7 @@ class TuneStrategy(ABC):
         task.report.candidates.append(row)
         progress.update(candidate=row.backend, phase="build")
         cache_dir = secure_mkdir(task.cache_dir / backend.key())
+        touch(cache_dir)  # recently used: the cache's size limit deletes the least recently used first
         log_path = cache_dir / "build.log"
         row.log_path = str(log_path)
         start = time.perf_counter()

@@ -29,6 +29,7 @@ from typing import Any
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.backend.registry import required_packages
 from torch_tweak.torch.cache import cache_folder
+from torch_tweak.torch.cache_limit import touch
 from torch_tweak.torch.environment import core_versions, cpu_info, distribution_versions, isa_flags
 from torch_tweak.torch.module.digest import weights_digest
 from torch_tweak.torch.profiling import SweepResult
@@ -77,6 +78,7 @@ class ResultCache:
             return None
         if row.status not in REUSABLE:
             return None
+        touch(path)
         return row, sweep
 
     def store(self, key: str | None, row: CandidateReport, sweep: SweepResult | None) -> None:
