@@ -142,3 +142,39 @@ def test_mismatch_reasons():
     assert "missing here" in _warm_package.mismatch({**here, "isa": [*(here["isa"] or []), "avx10_2"]}, ("torch",))
     assert "only here" in _warm_package.mismatch({**here, "isa": (here["isa"] or [])[1:]}, ("torch",))
     assert "does not record" in _warm_package.mismatch(None, ("torch",))
+
+
+def test_warm_up_covers_every_batch_and_sequence_bucket():
+    from toy_models import SeqModel
+
+    from torch_tweak.torch.backend import TorchEagerBackend
+    from torch_tweak.torch.backend._compile_helpers import warm_up_inputs
+    from torch_tweak.torch.module.state import internals
+
+    wrapped = tt.Module(SeqModel(), name="seq", strategy=tt.OneBackendStrategy(TorchEagerBackend()))
+    tt.tune(lambda x: wrapped(x, attention_mask=torch.ones_like(x)),
+            [torch.randint(0, 50, (n,)) for n in (1, 5, 9, 12)], batch_sizes=[1, 2])
+    spec = internals(wrapped).graphs[0].spec
+    (b_lo, b_hi), s_lo, s_hi = spec.batch_range(), spec.inputs[0].min_shape[1], spec.inputs[0].max_shape[1]
+    assert b_lo == 1 and s_lo == 1 and b_hi >= 2 and s_hi >= 5
+    calls = warm_up_inputs(spec, torch.device("cpu"))
+    shapes = [tuple(args[0].shape) for args, _ in calls]
+    assert shapes[0] == (2, 2)  # the call marked dynamic: sizes >= 2, one graph for all of them
+    # sizes 1 specialise, so every combination with them gets its call; and the largest sizes seen
+    assert set(shapes) == {(b, s) for b in (2, 1, b_hi) for s in (2, 1, s_hi)}
+    assert all(kwargs["attention_mask"].shape == args[0].shape for args, kwargs in calls)
+
+
+def test_recompile_limit_fallback_is_logged(caplog):
+    import logging
+
+    from torch_tweak.torch.backend._compile_helpers import watch_recompile_limit
+
+    watch_recompile_limit()
+    watch_recompile_limit()  # installed once
+    dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
+    assert sum(type(f).__name__ == "_RecompileLimitWatch" for f in dynamo_log.filters) == 1
+    with caplog.at_level(logging.WARNING, logger="torch_tweak"):
+        dynamo_log.warning("torch._dynamo hit config.%s (%s)\n   function: 'forward'", "recompile_limit", 8)
+    assert any(r.name.startswith("torch_tweak") and "recompile limit" in r.getMessage() and "eagerly" in r.getMessage()
+               for r in caplog.records)
