@@ -196,19 +196,5 @@ def test_fresh_process_signed_native_checkpoint_loads_with_the_key(tmp_path):
     _fresh_process_single(tmp_path, TorchInductorAOTBackend(), "cnn", 1e-5, "--verify-key", secret.hex(),
                           signing_key=secret)
 
-
-@pytest.mark.slow
-def test_fresh_process_inductor(tmp_path):
-    from torch_tweak.torch.backend import TorchInductorBackend
-
-    info = _fresh_process_single(tmp_path, TorchInductorBackend(), "cnn", 1e-5)
-    assert info["compiles"]["torch.compile"] == 1  # Inductor compiles at deploy: only AOT avoids it
-
-
-@pytest.mark.slow
-@pytest.mark.torchao
-def test_fresh_process_torchao(tmp_path):
-    pytest.importorskip("torchao")
-    from torch_tweak.torch.backend import TorchAOBackend
-
-    _fresh_process_single(tmp_path, TorchAOBackend(), "linear", 5e-2)
+# Inductor and TorchAO in a fresh process, trusted (no compile) and untrusted (compiles and warns):
+# tests/test_warm_load.py.

@@ -27,31 +27,7 @@ def run_child(kind: str, checkpoint: Path, tmp_path: Path) -> np.ndarray:
     return np.load(out)
 
 
-@pytest.mark.slow
-def test_stable_diffusion_tuned_saved_and_loaded_in_a_fresh_process(tmp_path):
-    pytest.importorskip("diffusers")
-    pytest.importorskip("openvino")
-    from hf_models import run_sd, tiny_stable_diffusion
-
-    from torch_tweak.torch.backend import OpenVINOBackend, OpenVINOBackendConfig
-
-    pipe = tiny_stable_diffusion()
-    expected = run_sd(pipe, "a cat")
-    info = tt.inspect(pipe, ["a cat", "a dog"], inference_function=lambda p: run_sd(pipe, p),
-                      number_of_iterations=2, warmup_iterations=1)
-    openvino = tt.OneBackendStrategy(OpenVINOBackend(OpenVINOBackendConfig(inference_precision="f32")))
-    pipe.unet = tt.Module(pipe.unet, name="unet", strategy=openvino)  # by hand; tt.wrap keeps it
-    tt.wrap(pipe, info.get_modules(), strategy=tt.OneBackendStrategy(TorchEagerBackend()))
-    report = tt.tune(lambda p: run_sd(pipe, p), ["a cat", "a dog"], batch_sizes=[1, 2], ignore_failing_modules=False)
-    chosen = {m.name: m.graphs[0].chosen for m in report.modules}
-    assert chosen["unet"].startswith("OpenVINOBackend")
-    tuned = run_sd(pipe, "a cat")
-    np.testing.assert_allclose(tuned, expected, atol=1e-3)
-    path = tmp_path / "sd.tt"
-    tt.save(pipe, path)
-    loaded = run_child("sd", path, tmp_path)
-    np.testing.assert_allclose(loaded, tuned, atol=1e-5)
-    np.testing.assert_allclose(loaded, expected, atol=1e-3)
+# Stable Diffusion after tt.save / tt.load in a fresh process, with every backend: tests/test_pipelines.py.
 
 
 def test_llm_generate_same_tokens_after_loading_in_a_fresh_process(tmp_path):
