@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torch_tweak.torch.backend.torch_inductor import clone_sample
+from torch_tweak.torch.backend._compile_helpers import clone_sample
 from torch_tweak.torch.module.forward import original_forward
 from torch_tweak.torch.module.recording import RecordedSample
 from torch_tweak.torch.module.released import has_values

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import BackendUnavailableError, ConversionError
+from torch_tweak.torch.backend._compile_helpers import build_failure
 from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
-from torch_tweak.torch.backend.torch_inductor import build_failure
 from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample

@@ -7,8 +7,8 @@ of the compiled graph (:mod:`._warm_package` says why this form): a backend rest
 with native code trusted, serves from it and compiles nothing; otherwise it compiles again at ``deploy``
 and warms up every batch size and sequence bucket tuning saw.
 
-The helpers it shares with the AOT and TorchAO backends (warm-up, build errors) live in :mod:`._compile_helpers`
-and are re-exported here.
+The helpers it shares with the AOT and TorchAO backends (warm-up, build errors) live in :mod:`._compile_helpers`,
+the checkpoint allowlist of Inductor options in :mod:`._inductor_options`; both are re-exported here.
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ from torch_tweak.torch.backend._compile_helpers import (
     mark_symbolic_axes,
     warm_up,
     watch_recompile_limit,
+)
+from torch_tweak.torch.backend._inductor_options import (
+    INERT_INDUCTOR_OPTIONS,
+    unsafe_inductor_options,
+    validate_inductor_options,
 )
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.backend.torch_eager import (
@@ -100,61 +105,6 @@ class TorchInductorBackendConfig(BackendConfig):
     def unsafe_settings(self) -> list[str]:
         """Inductor options outside the inert allowlist (see :func:`unsafe_inductor_options`)."""
         return unsafe_inductor_options(self.options)
-
-
-def _flag(value: Any) -> bool:
-    return isinstance(value, bool)
-
-
-def _int_in(low: int, high: int, allow_none: bool = False) -> Callable[[Any], bool]:
-    return lambda value: (value is None and allow_none) or (type(value) is int and low <= value <= high)
-
-
-def _gemm_backends(value: Any) -> bool:
-    return isinstance(value, str) and bool(value) and set(value.upper().split(",")) <= {"ATEN", "CPP", "TRITON"}
-
-
-#: Inductor options a checkpoint may carry, with the values allowed. They change what code Inductor
-#: generates, never which programs it runs or which files and folders it reads or writes (unlike
-#: ``cpp.cxx``, ``cpp.*_flags``, ``debug_dir``, ``trace.*`` or cache folders, which are refused).
-INERT_INDUCTOR_OPTIONS: dict[str, Callable[[Any], bool]] = {
-    **dict.fromkeys(("freezing", "max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "epilogue_fusion",
-                     "pattern_matcher", "aggressive_fusion", "coordinate_descent_tuning", "shape_padding",
-                     "layout_optimization", "keep_output_stride", "cpp.weight_prepack", "cpp.dynamic_threads"), _flag),
-    "cpp.simdlen": _int_in(1, 4096, allow_none=True),
-    "cpp.threads": _int_in(-1, 4096),
-    "max_autotune_gemm_backends": _gemm_backends,
-}
-
-
-def unsafe_inductor_options(options: dict[str, Any] | None) -> list[str]:
-    """The ``options`` that are not in :data:`INERT_INDUCTOR_OPTIONS` or have a value it does not allow."""
-    found = []
-    for key, value in (options or {}).items():
-        check = INERT_INDUCTOR_OPTIONS.get(key)
-        if check is None:
-            found.append(f"Inductor option {key!r} is not on the list of inert options")
-        elif not check(value):
-            found.append(f"Inductor option {key!r} has the value {value!r:.60}, which is not allowed in a checkpoint")
-    return found
-
-
-def validate_inductor_options(options: Any, owner: str) -> dict[str, Any]:
-    """Check that ``options`` is a dict of known Inductor options with JSON-able values."""
-    import torch._inductor
-
-    if not isinstance(options, dict):
-        raise ConfigError(f"{owner}.options must be a dict of Inductor options, got {type(options).__name__}.")
-    known = set(torch._inductor.list_options())
-    unknown = sorted(str(k) for k in options if k not in known)
-    if unknown:
-        raise ConfigError(
-            f"{owner}.options has unknown Inductor option(s) {unknown}; see torch._inductor.list_options()."
-        )
-    for key, value in options.items():
-        if value is not None and not isinstance(value, (bool, int, float, str)):
-            raise ConfigError(f"{owner}.options[{key!r}] must be a bool, number, string or None, got {value!r}.")
-    return dict(options)
 
 
 class TorchInductorBackend(Backend):

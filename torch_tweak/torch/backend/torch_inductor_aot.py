@@ -20,9 +20,10 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import BuildError, ConversionError, UnsupportedDeviceError
+from torch_tweak.torch.backend._compile_helpers import build_failure
 from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
+from torch_tweak.torch.backend._inductor_options import unsafe_inductor_options, validate_inductor_options
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
-from torch_tweak.torch.backend.torch_inductor import build_failure, unsafe_inductor_options, validate_inductor_options
 from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample, flatten_sample, unflatten

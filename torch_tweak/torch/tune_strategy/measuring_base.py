@@ -40,8 +40,6 @@ from torch_tweak.torch.profiling.stop_rules import apply_stop_rules
 from torch_tweak.torch.report.report import (
     CHOSEN,
     INFER_FAILED,
-    PASSED,
-    REJECTED,
     TIMEOUT,
     CandidateReport,
     GraphReport,
@@ -57,8 +55,8 @@ from torch_tweak.torch.tune_strategy.base import (
     release_quietly,
 )
 from torch_tweak.torch.tune_strategy.batch_search import search_if_enabled
-from torch_tweak.torch.tune_strategy.result_cache import ResultCache
-from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, StrategyResult, selection_dict
+from torch_tweak.torch.tune_strategy.result_cache import ResultCache, ReusedResults
+from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, StrategyResult, precision_retry, selection_dict
 from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
 from torch_tweak.torch.tune_strategy.screening import (
     BuildCosts,
@@ -82,7 +80,7 @@ def _check_number(owner: str, name: str, value: Any, *, allow_zero: bool) -> flo
     return float(value)
 
 
-class MeasuringStrategy(TuneStrategy):
+class MeasuringStrategy(ReusedResults, TuneStrategy):
     """Base of the strategies that measure: candidates, eager baseline, eager gate, time limit, batch search.
 
     Args:
@@ -237,7 +235,7 @@ class MeasuringStrategy(TuneStrategy):
                     cache.store(key, evaluation.row, evaluation.sweep)
             evaluation.template, evaluation.key = template, key
             evaluations.append(evaluation)
-            retry = _precision_retry(template, evaluation, seen)
+            retry = precision_retry(template, evaluation, seen)
             if retry is not None:
                 queue.insert(0, (retry, role))
             if screen is not None:
@@ -275,39 +273,6 @@ class MeasuringStrategy(TuneStrategy):
         """The built candidate (not the baseline) with the best score, if any qualifies."""
         qualified = [e for e in evaluations if e.role != BASELINE and e.qualified]
         return max(qualified, key=lambda e: self._score(e.pick), default=None)  # type: ignore[arg-type]
-
-    def _settings(self, plan: Plan, screen: Plan | None) -> dict[str, Any]:
-        """What a stored result depends on besides weights, graph, backend and environment."""
-        profiling = {f.name: getattr(self.profiling, f.name) for f in dataclasses.fields(self.profiling)
-                     if f.name != "clock"}  # which clock measured does not change the result
-        return {"strategy": type(self).__name__, "profiling": profiling, "fidelity": repr(self.fidelity),
-                "batch_sizes": plan.batch_sizes, "batched": plan.batched,
-                "screen": screen.batch_sizes if screen is not None else None}
-
-    def _reused(self, task: GraphTask, role: str, row: CandidateReport, sweep: SweepResult | None) -> Evaluation:
-        """An evaluation from the result cache: its row goes into the report, marked ``reused``."""
-        row.reused = True
-        task.report.candidates.append(row)
-        pick = self._pick(sweep) if sweep is not None and row.status == PASSED else None
-        logger.info("%s: %s reused from an earlier run (%s)", describe_task(task), row.backend, row.status)
-        return Evaluation(role, row, None, sweep, pick, reused=True)
-
-    def _rebuild(self, task: GraphTask, evaluation: Evaluation) -> bool:
-        """Build and check a reused candidate that is to serve; False (its row says why) if that fails now."""
-        assert evaluation.template is not None
-        private = dataclasses.replace(task, report=GraphReport(name=task.report.name))
-        try:
-            backend, fresh = self.try_backend(evaluation.template, private, evaluation.role)
-        except CandidateFailedError as failure:
-            for name in ("status", "error", "fidelity", "log_path", "build_time_s"):
-                setattr(evaluation.row, name, getattr(failure.report, name))
-            evaluation.pick, evaluation.reused = None, False
-            logger.warning("%s: %s, reused from an earlier run, failed when built again: %s", describe_task(task),
-                           evaluation.row.backend, evaluation.row.error)
-            return False
-        evaluation.backend = backend
-        evaluation.row.fidelity, evaluation.row.build_time_s = fresh.fidelity, fresh.build_time_s
-        return True
 
     def _screen(self, evaluations: list[Evaluation], screen: Plan) -> None:
         """Release the screened candidates that can no longer be within the margin of the best."""
@@ -435,20 +400,3 @@ class MeasuringStrategy(TuneStrategy):
         """This strategy's own measurement, unless the search was given a profiling config of its own."""
         return self._measure_backend if self._search_profiling is None else super().batch_search_measure()
 
-
-def _precision_retry(template: Backend, evaluation: Evaluation, seen: set[str]) -> Backend | None:
-    """A higher-precision variant of a candidate the fidelity check rejected at reduced precision, if any.
-
-    The variant is a candidate of its own, with its own row in the report (never a silent substitution). A
-    candidate kept behind the non-finite guard passed the check, so it gets none (its NaN/inf problem is
-    solved; at f32 it would only be slower). One rejected by a probe does: int8 activation scales can be
-    what turns an inf row into inf instead of NaN, which a higher precision does not do.
-    """
-    if evaluation.row.status != REJECTED or evaluation.row.precision in (None, "fp32"):
-        return None
-    retry = template.precision_fallback()
-    if retry is None or retry.key() in seen:
-        return None
-    seen.add(retry.key())
-    logger.info("%s was rejected at %s; trying %s", evaluation.row.backend, evaluation.row.precision, retry.describe())
-    return retry

@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import tempfile
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 from torch_tweak.torch.backend.backend import Backend
@@ -33,8 +33,10 @@ from torch_tweak.torch.cache_limit import touch
 from torch_tweak.torch.environment import core_versions, cpu_info, distribution_versions, isa_flags
 from torch_tweak.torch.module.digest import weights_digest
 from torch_tweak.torch.profiling import SweepResult
-from torch_tweak.torch.report.report import CandidateReport
+from torch_tweak.torch.report.report import CandidateReport, GraphReport
 from torch_tweak.torch.report.status import CandidateStatus
+from torch_tweak.torch.tune_strategy.base import CandidateFailedError, GraphTask, describe_task
+from torch_tweak.torch.tune_strategy.results import Evaluation, Plan
 
 logger = logging.getLogger(__name__)
 
@@ -104,3 +106,46 @@ def _row(data: Any) -> CandidateReport:
         raise ValueError("the row has no backend name or key")
     row.status = CandidateStatus(row.status)
     return row
+
+
+class ReusedResults:
+    """What a measuring strategy does with the result cache: the settings a key covers, a reused evaluation,
+    and building a reused candidate again when it is to serve (mixed into ``MeasuringStrategy``)."""
+
+    profiling: Any
+    fidelity: Any
+    # From MeasuringStrategy / TuneStrategy (not defined here, so the MRO finds theirs): ``_pick(sweep)`` and
+    # ``try_backend(template, task, role)``.
+
+    def _settings(self, plan: Plan, screen: Plan | None) -> dict[str, Any]:
+        """What a stored result depends on besides weights, graph, backend and environment."""
+        profiling = {f.name: getattr(self.profiling, f.name) for f in fields(self.profiling)
+                     if f.name != "clock"}  # which clock measured does not change the result
+        return {"strategy": type(self).__name__, "profiling": profiling, "fidelity": repr(self.fidelity),
+                "batch_sizes": plan.batch_sizes, "batched": plan.batched,
+                "screen": screen.batch_sizes if screen is not None else None}
+
+    def _reused(self, task: GraphTask, role: str, row: CandidateReport, sweep: SweepResult | None) -> Evaluation:
+        """An evaluation from the result cache: its row goes into the report, marked ``reused``."""
+        row.reused = True
+        task.report.candidates.append(row)
+        pick = self._pick(sweep) if sweep is not None and row.status == CandidateStatus.PASSED else None
+        logger.info("%s: %s reused from an earlier run (%s)", describe_task(task), row.backend, row.status)
+        return Evaluation(role, row, None, sweep, pick, reused=True)
+
+    def _rebuild(self, task: GraphTask, evaluation: Evaluation) -> bool:
+        """Build and check a reused candidate that is to serve; False (its row says why) if that fails now."""
+        assert evaluation.template is not None
+        private = replace(task, report=GraphReport(name=task.report.name))
+        try:
+            backend, fresh = self.try_backend(evaluation.template, private, evaluation.role)
+        except CandidateFailedError as failure:
+            for name in ("status", "error", "fidelity", "log_path", "build_time_s"):
+                setattr(evaluation.row, name, getattr(failure.report, name))
+            evaluation.pick, evaluation.reused = None, False
+            logger.warning("%s: %s, reused from an earlier run, failed when built again: %s", describe_task(task),
+                           evaluation.row.backend, evaluation.row.error)
+            return False
+        evaluation.backend = backend
+        evaluation.row.fidelity, evaluation.row.build_time_s = fresh.fidelity, fresh.build_time_s
+        return True

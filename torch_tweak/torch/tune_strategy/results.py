@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.profiling import Measurement, SweepResult
-from torch_tweak.torch.report.report import CandidateReport, GraphReport
+from torch_tweak.torch.report.report import REJECTED, CandidateReport, GraphReport
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -79,3 +82,21 @@ def selection_dict(metric: str, pick: Measurement | None) -> dict[str, Any] | No
         return None
     return {"metric": metric, "batch_size": pick.batch_size, "throughput": pick.throughput,
             "p50_ms": pick.p50_ms, "p99_ms": pick.p99_ms, "stable": pick.stable}
+
+
+def precision_retry(template: Backend, evaluation: Evaluation, seen: set[str]) -> Backend | None:
+    """A higher-precision variant of a candidate the fidelity check rejected at reduced precision, if any.
+
+    The variant is a candidate of its own, with its own row in the report (never a silent substitution). A
+    candidate kept behind the non-finite guard passed the check, so it gets none (its NaN/inf problem is
+    solved; at f32 it would only be slower). One rejected by a probe does: int8 activation scales can be
+    what turns an inf row into inf instead of NaN, which a higher precision does not do.
+    """
+    if evaluation.row.status != REJECTED or evaluation.row.precision in (None, "fp32"):
+        return None
+    retry = template.precision_fallback()
+    if retry is None or retry.key() in seen:
+        return None
+    seen.add(retry.key())
+    logger.info("%s was rejected at %s; trying %s", evaluation.row.backend, evaluation.row.precision, retry.describe())
+    return retry
