@@ -13,6 +13,9 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_SESSION_TMP, "ind
 os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
 # Child processes (fresh-process load tests) inherit a cache folder of the test session, never ~/.cache.
 os.environ["TORCH_TWEAK_CACHE_DIR"] = os.path.join(_SESSION_TMP, "cache")
+# Tests tune in process (a worker process costs seconds to start); tests/test_executor.py, the examples and the
+# pipeline scenarios that name an executor cover the default process executor.
+os.environ.setdefault("TORCH_TWEAK_EXECUTOR", "inline")
 
 import torch  # noqa: E402
 

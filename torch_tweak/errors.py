@@ -16,6 +16,7 @@ exception that the documented contract names, so ``except RuntimeError`` keeps w
     ├── TuningError (RuntimeError)            no candidate passed, or nothing was recorded
     ├── SignatureMismatchError (RuntimeError) a tuned module was called with inputs no graph matches
     ├── ReleasedWeightError (RuntimeError)    the values of a weight released after tuning were needed
+    ├── WorkerError (RuntimeError)            a worker process could not be started or given the work
     └── CheckpointError (ValueError)          a checkpoint is missing, tampered or incompatible
 
 Third-party exceptions are wrapped at the backend boundary with ``raise ... from exc``.
@@ -80,6 +81,10 @@ class ReleasedWeightError(TorchTweakError, RuntimeError):
     """An operation needed the values of a weight that was released after tuning (no backend needed it)."""
 
 
+class WorkerError(TorchTweakError, RuntimeError):
+    """An executor could not start a worker or send it the work (the module does not pickle, say)."""
+
+
 class CheckpointError(TorchTweakError, ValueError):
     """A checkpoint is missing, tampered with, truncated or incompatible."""
 
@@ -99,4 +104,5 @@ __all__ = [
     "TuningError",
     "UnsupportedDeviceError",
     "UnsupportedInputError",
+    "WorkerError",
 ]

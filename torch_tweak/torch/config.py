@@ -32,6 +32,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 UNKNOWN_SIGNATURE_POLICIES = ("error", "passthrough")
 DEVICES_AFTER_TUNING = ("release", "meta", "cpu")
+EXECUTORS = ("process", "inline")  # the names torch_tweak.torch.executor.resolve_executor knows
 
 
 def _env_bool(name: str, default: bool | None) -> bool | None:
@@ -89,6 +90,9 @@ class TorchTweakConfig:
             the dataset produces and does not use it.
         enable_hf_integrations: register Hugging Face container types (static KV caches) and detect LLM
             prefill/decode phases; False turns both off (the same switch as ``llm_phase_detection`` for phases).
+        executor: where ``tt.tune`` builds, checks and measures candidates when its ``executor`` argument is None:
+            ``"process"`` (a worker process, so a crashing, runaway or hanging candidate becomes a report row) or
+            ``"inline"`` (this process, for debugging). Environment variable ``TORCH_TWEAK_EXECUTOR``.
     """
 
     cache_dir: Path = field(default_factory=_default_cache_dir)
@@ -106,6 +110,7 @@ class TorchTweakConfig:
     inspect_debug: bool = field(default_factory=lambda: bool(_env_bool("TORCH_TWEAK_INSPECT_DEBUG", False)))
     min_num_samples: int = 100
     enable_hf_integrations: bool = True
+    executor: str = field(default_factory=lambda: os.environ.get("TORCH_TWEAK_EXECUTOR", "process"))
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in {f.name for f in fields(self)}:
@@ -149,6 +154,11 @@ def _validate(name: str, value: Any) -> Any:
         if value is not None and value not in DEVICES_AFTER_TUNING:
             raise ConfigError(f"tt.config.device_after_tuning must be one of {DEVICES_AFTER_TUNING} or None, got "
                               f"{value!r}. 'release' frees the weights' memory and keeps their device and dtype.")
+        return value
+    if name == "executor":
+        if value not in EXECUTORS:
+            raise ConfigError(f"tt.config.executor must be one of {EXECUTORS}, got {value!r} (for another executor, "
+                              "pass it to tt.tune(executor=...)).")
         return value
     if name == "on_unknown_signature":
         if value not in UNKNOWN_SIGNATURE_POLICIES:

@@ -55,7 +55,7 @@ def reporting(tune: F) -> F:
         with _progress.progress(config.progress):
             report = tune(*args, **kwargs)
         if isinstance(report, TuningReport):
-            report.environment = environment
+            report.environment = {**environment, **report.environment}  # tune adds the executor block
             report.created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             try:
                 path = store_report(report)

@@ -10,13 +10,20 @@ For the measuring strategies: :class:`FakeClock` is a manual clock to inject int
 alternating jitter, or an out-of-memory error above a batch size); ``HangingBackend`` blocks in infer
 until released, to exercise the per-candidate time limit. ``OwnCopyBackend`` runs a private copy of the
 module, so tuning releases the original weights.
+
+For the executors (run them with ``executor="process"``; in process they take the interpreter down):
+``AbortingBackend`` aborts the process in build (a segfault's effect), ``RunawayMemoryBackend`` allocates
+memory until its worker is killed, and ``NativeSleepBackend`` sleeps in native code without returning.
 """
 
 from __future__ import annotations
 
 import copy
+import ctypes
+import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,3 +192,40 @@ class OwnCopyBackend(TorchEagerBackend):
         with pristine(module):
             private = copy.deepcopy(module)
         return super()._build(private, graph_spec, data, cache_dir)
+
+
+class AbortingBackend(TorchEagerBackend):
+    """Aborts the process (``os.abort()``, SIGABRT) in build, as a crash in native code would."""
+
+    def _build(self, module: nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> Backend:
+        sys.stdout.write("about to abort\n")
+        sys.stdout.flush()
+        os.abort()
+
+
+class RunawayMemoryBackend(TorchEagerBackend):
+    """Allocates (and touches) ``step_mb`` MiB every ``interval_s`` in build until the process is killed, or
+    raises :class:`BuildError` at ``max_gb`` GiB so that, run without a memory limit, it cannot take the machine."""
+
+    def __init__(self, step_mb: int = 64, interval_s: float = 0.005, max_gb: float = 8.0) -> None:
+        super().__init__()
+        self.step_mb, self.interval_s, self.max_gb = step_mb, interval_s, max_gb
+
+    def _build(self, module: nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> Backend:
+        hoard = []
+        while len(hoard) * self.step_mb < self.max_gb * 1024:
+            hoard.append(torch.ones(self.step_mb * 2**20, dtype=torch.uint8))
+            time.sleep(self.interval_s)
+        raise BuildError(f"RunawayMemoryBackend reached {self.max_gb} GiB without being stopped")
+
+
+class NativeSleepBackend(TorchEagerBackend):
+    """Sleeps ``seconds`` in native code (libc ``sleep``) in build: a hang that no Python signal interrupts."""
+
+    def __init__(self, seconds: int = 3600) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def _build(self, module: nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> Backend:
+        ctypes.CDLL(None).sleep(self.seconds)
+        return super()._build(module, graph_spec, data, cache_dir)

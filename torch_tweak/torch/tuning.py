@@ -18,6 +18,7 @@ from torch_tweak.torch.cache import clear_cache as _clear_cache
 from torch_tweak.torch.cache_limit import enforce_size_limit
 from torch_tweak.torch.config import config
 from torch_tweak.torch.dataset import dataset_items, iter_batches
+from torch_tweak.torch.executor import Executor, resolve_executor
 from torch_tweak.torch.module.sample_store import SampleStore
 from torch_tweak.torch.module.session import RecordingSession, recording
 from torch_tweak.torch.module.state import TunedGraph, internals
@@ -47,6 +48,7 @@ def tune(
     ignore_failing_modules: bool = True,
     disable_external_logging: bool = False,
     time_budget_s: float | None = None,
+    executor: str | Executor | None = None,
 ) -> TuningReport:
     """Record every ``tt.Module`` that ``func`` calls over ``dataset``, then tune each of them.
 
@@ -66,6 +68,12 @@ def tune(
         time_budget_s: seconds the whole run (recording included) should take; each graph gets a share of
             what is left when it starts, and the measuring strategies skip candidates (cheapest builds come
             first) that would not fit, with a ``skipped`` row in the report. None: no budget.
+        executor: where candidates are built, checked and measured: ``"process"`` (a worker process: a
+            candidate that crashes, runs out of memory or hangs becomes a ``crashed``/``timeout`` row and the
+            chosen one is built again here), ``"inline"`` (this process, for debugging), or an
+            :class:`~torch_tweak.torch.executor.Executor` such as ``ProcessExecutor(memory_limit_gb=8)`` or
+            ``RayExecutor(...)``. None: ``tt.config.executor`` (``"process"``). Applies to the measuring
+            strategies; ``OneBackendStrategy`` and ``FirstWinsStrategy`` build in this process.
 
     Returns:
         The :class:`TuningReport` of every module, graph and candidate.
@@ -91,14 +99,19 @@ def tune(
     if not dry_run:
         cache_root()  # refuse an unusable cache folder before recording, not once per module
 
+    runner, owned = resolve_executor(config.executor if executor is None else executor)
     session = RecordingSession()
     stores = None if dry_run else CallStores(config.max_num_calibration_samples)
     session.stores = None if stores is None else stores.create
     try:
         with external_logging_disabled(check_bool(disable_external_logging, "disable_external_logging")):
-            return _record_and_tune(func, items, sizes, max_num_batches_per_batch_size, target, dry_run,
-                                    ignore_failing_modules, session, start, budget)
+            report = _record_and_tune(func, items, sizes, max_num_batches_per_batch_size, target, dry_run,
+                                      ignore_failing_modules, session, start, budget, runner)
+            report.environment["executor"] = {"name": runner.describe(), "nodes": runner.nodes()}
+            return report
     finally:
+        if owned:
+            runner.close()
         if stores is not None:
             stores.remove()
         if not dry_run:
@@ -107,7 +120,7 @@ def tune(
 
 def _record_and_tune(func: Callable[..., Any], items: Any, sizes: list[int], max_batches: int | None,
                      target: torch.device, dry_run: bool, ignore_failing_modules: bool, session: RecordingSession,
-                     start: float, budget: TimeBudget | None) -> TuningReport:
+                     start: float, budget: TimeBudget | None, executor: Executor) -> TuningReport:
     progress.update(phase="record")
     with recording(session), torch.no_grad():
         for batch_size in sizes:
@@ -131,7 +144,7 @@ def _record_and_tune(func: Callable[..., Any], items: Any, sizes: list[int], max
         progress.update(module=module.name)
         report.modules.append(module_report)
         try:
-            tune_module(module, target, None, dry_run, module_report, budget)
+            tune_module(module, target, None, dry_run, module_report, budget, executor)
         except Exception as exc:
             module_report.status = ModuleStatus.PASSTHROUGH
             module_report.error = f"{type(exc).__name__}: {exc}"
@@ -151,9 +164,10 @@ def tune_module(
     dry_run: bool = False,
     report: ModuleReport | None = None,
     budget: TimeBudget | None = None,
+    executor: Executor | None = None,
 ) -> ModuleReport:
-    """Tune every recorded graph of ``module`` (each within its share of ``budget``, if given); on failure
-    release what was built and raise."""
+    """Tune every recorded graph of ``module`` (each within its share of ``budget``, if given; candidates
+    evaluated by ``executor``, None: in this process); on failure release what was built and raise."""
     report = report or ModuleReport(name=module.name)
     if module.state is ModuleState.TUNED:
         raise TuningError(f"Module {module.name!r} is already tuned; wrap a fresh module to tune it again.")
@@ -176,7 +190,7 @@ def tune_module(
             report.graphs.append(graph_report)
             task = GraphTask(module.wrapped, module.name, spec, graph.samples, target,
                              cache_folder(module.name, spec.name), graph_report, graph.store,
-                             budget.graph_deadline() if budget is not None else None)
+                             budget.graph_deadline() if budget is not None else None, executor)
             built.append(strat.tune(task))
     except Exception:
         for backend in built:

@@ -78,4 +78,9 @@ def describe_environment(env: dict[str, Any]) -> list[tuple[str, str]]:
                     + "".join(f"; {k}={v}" for k, v in (threads.get("environment") or {}).items())),
         ("versions", ", ".join(f"{k} {v}" for k, v in versions.items() if v)),
     ]
+    executor = env.get("executor")
+    if isinstance(executor, dict):
+        nodes = [n for n in executor.get("nodes") or [] if isinstance(n, dict)]
+        pairs.append(("executor", str(executor.get("name") or "unknown")
+                      + "".join(f"; node {n.get('host')}: {n.get('cpu')}" for n in nodes)))
     return [(label, value or "none") for label, value in pairs]

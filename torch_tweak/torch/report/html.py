@@ -36,7 +36,7 @@ _STYLE = """
 .tt-report th{background:#f3f4f6}.tt-report td.num{text-align:right;font-variant-numeric:tabular-nums}
 .tt-report tr.chosen td{background:#ecfdf5;font-weight:600}
 .tt-report .status-rejected,.tt-report .status-build_failed,.tt-report .status-infer_failed,
-.tt-report .status-timeout,.tt-report .status-passthrough{color:#b91c1c}
+.tt-report .status-timeout,.tt-report .status-crashed,.tt-report .status-passthrough{color:#b91c1c}
 .tt-report .status-skipped,.tt-report .status-screened_out{color:#6b7280}
 .tt-report .cards{display:flex;gap:12px;flex-wrap:wrap;margin:12px 0}
 .tt-report .card{border:1px solid #e5e7eb;border-radius:8px;padding:8px 14px;min-width:130px;background:#f9fafb}

@@ -26,6 +26,7 @@ SCHEMA_VERSION = 2
 
 CHOSEN, PASSED, REJECTED = CandidateStatus.CHOSEN, CandidateStatus.PASSED, CandidateStatus.REJECTED
 BUILD_FAILED, INFER_FAILED, TIMEOUT = CandidateStatus.BUILD_FAILED, CandidateStatus.INFER_FAILED, CandidateStatus.TIMEOUT
+CRASHED = CandidateStatus.CRASHED
 
 TABLE_HEADERS = ["module", "graph", "candidate", "status", "precision", "max abs err", "throughput", "p50 ms",
                  "p99 ms", "vs eager", "chosen"]
@@ -38,7 +39,8 @@ class CandidateReport:
     Attributes:
         backend: the backend's ``describe()``.
         key: the backend's ``key()`` (also the name of its cache folder).
-        status: ``chosen``, ``passed``, ``build_failed``, ``infer_failed``, ``rejected`` (fidelity) or ``timeout``.
+        status: ``chosen``, ``passed``, ``build_failed``, ``infer_failed``, ``rejected`` (fidelity), ``timeout``,
+            ``crashed`` (its worker process died), ``screened_out`` or ``skipped``.
         precision: the precision the candidate executed (``fp32``, ``bf16``, ``int8``...).
         build_time_s: seconds spent in ``build``.
         fidelity: the fidelity result (``FidelityResult.to_dict()``), when checked.
@@ -47,6 +49,8 @@ class CandidateReport:
         measurements: profiling results, when the strategy measured the candidate.
         role: ``candidate`` or ``baseline`` (eager measured for comparison).
         reused: the check and the measurements come from an earlier run (the tuning-result cache).
+        worker: where the candidate was built and measured (``"pid 123 on host"``, a Ray node), when an
+            executor ran it outside the tuning process.
     """
 
     backend: str
@@ -60,6 +64,7 @@ class CandidateReport:
     measurements: dict[str, Any] | None = None
     role: str = "candidate"
     reused: bool = False
+    worker: str | None = None
 
     @property
     def selection(self) -> dict[str, Any] | None:
@@ -101,6 +106,8 @@ class GraphReport:
 
     ``batch_search`` holds the max-batch-size search on eager (when the strategy ran it): the batch sizes
     tried with their measurements, the size found and whether the graph's max shapes were extended.
+    ``executor`` says where its candidates ran (``tt.tune(executor=...)``), and why not there if the executor
+    could not take the graph.
     """
 
     name: str
@@ -110,6 +117,7 @@ class GraphReport:
     chosen: str | None = None
     reason: str | None = None
     batch_search: dict[str, Any] | None = None
+    executor: str | None = None
 
 
 @dataclass

@@ -19,6 +19,7 @@ class CandidateStatus(str, enum.Enum):
     INFER_FAILED = "infer_failed"
     REJECTED = "rejected"
     TIMEOUT = "timeout"
+    CRASHED = "crashed"  # its worker process died (a signal, out of memory) while building, checking or measuring it
     SCREENED_OUT = "screened_out"  # built and checked, too slow at the screening batch sizes to be swept
     SKIPPED = "skipped"  # not built: the time budget would not cover it
 

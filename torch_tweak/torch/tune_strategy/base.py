@@ -26,6 +26,7 @@ from torch_tweak.torch.backend.non_finite_guard import NonFiniteGuardBackend
 from torch_tweak.torch.backend.torch_eager import TorchEagerBackend
 from torch_tweak.torch.cache_limit import touch
 from torch_tweak.torch.config import config
+from torch_tweak.torch.executor.base import Executor
 from torch_tweak.torch.fidelity import (
     NON_FINITE_GUARD,
     PROBE_FAILED,
@@ -68,6 +69,8 @@ class GraphTask:
             judges its held-out calls.
         deadline: ``time.perf_counter()`` value by which the graph's tuning should end (its share of
             ``tt.tune(time_budget_s=...)``); None means no budget. Strategies skip candidates that would not fit.
+        executor: where the measuring strategies evaluate candidates (``tt.tune(executor=...)``); None or an
+            executor that is not isolated: in this process.
     """
 
     module: nn.Module
@@ -79,6 +82,7 @@ class GraphTask:
     report: GraphReport
     store: SampleStore | None = None
     deadline: float | None = None
+    executor: Executor | None = None
 
     def data(self) -> list[Sample]:
         """Deep copies of the recorded inputs, safe to hand to a backend."""

@@ -27,6 +27,7 @@ from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.backend.batch_router import BatchRouterBackend
 from torch_tweak.torch.backend.registry import build_cost, default_candidates
 from torch_tweak.torch.backend.torch_eager import TorchEagerBackend
+from torch_tweak.torch.executor.base import Executor, Pending, Shared
 from torch_tweak.torch.fidelity import FidelityConfig
 from torch_tweak.torch.profiling import (
     Measurement,
@@ -55,6 +56,7 @@ from torch_tweak.torch.tune_strategy.base import (
     release_quietly,
 )
 from torch_tweak.torch.tune_strategy.batch_search import search_if_enabled
+from torch_tweak.torch.tune_strategy.isolated import IsolatedCandidates
 from torch_tweak.torch.tune_strategy.result_cache import ResultCache, ReusedResults
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, StrategyResult, precision_retry, selection_dict
 from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
@@ -80,7 +82,7 @@ def _check_number(owner: str, name: str, value: Any, *, allow_zero: bool) -> flo
     return float(value)
 
 
-class MeasuringStrategy(ReusedResults, TuneStrategy):
+class MeasuringStrategy(ReusedResults, IsolatedCandidates, TuneStrategy):
     """Base of the strategies that measure: candidates, eager baseline, eager gate, time limit, batch search.
 
     Args:
@@ -212,38 +214,14 @@ class MeasuringStrategy(ReusedResults, TuneStrategy):
         screen = screening_plan(plan) if self.screening else None
         cache = ResultCache(task.module, task.graph_spec, self._settings(plan, screen)) \
             if self.reuse_results else None
-        evaluations: list[Evaluation] = []
-        queue = self._templates()
-        seen = {template.key() for template, _ in queue}
-        while queue:
-            template, role = queue.pop(0)
-            key = cache.key(template, role) if cache is not None else None
-            stored = cache.load(key) if cache is not None else None
-            skipped = self._costs.skip_row(template, task.deadline, role) if role != BASELINE else None
-            if stored is not None:
-                evaluation = self._reused(task, role, *stored)
-            elif skipped is not None:
-                task.report.candidates.append(skipped)
-                logger.info("%s: %s %s", describe_task(task), skipped.backend, skipped.error)
-                continue
-            else:
-                started = time.perf_counter()
-                evaluation = self._evaluate(template, task, role,
-                                            plan if screen is None or role == BASELINE else screen)
-                self._costs.note(template, time.perf_counter() - started)
-                if cache is not None:
-                    cache.store(key, evaluation.row, evaluation.sweep)
-            evaluation.template, evaluation.key = template, key
-            evaluations.append(evaluation)
-            retry = precision_retry(template, evaluation, seen)
-            if retry is not None:
-                queue.insert(0, (retry, role))
+        executor, shared = self._open_executor(task)
+        try:
+            evaluations = self._evaluate_all(task, plan, screen, cache, executor, shared)
             if screen is not None:
-                self._screen(evaluations, screen)
-            else:
-                self._release_unneeded(evaluations, self._best(evaluations))
-        if screen is not None:
-            self._sweep_survivors(task, evaluations, plan, screen, cache)
+                self._sweep_survivors(task, evaluations, plan, screen, cache, executor, shared)
+        finally:
+            if executor is not None and shared is not None:
+                executor.release(shared)
         while True:  # a reused result serves once built and checked again; then routes are worked out again
             chosen, reason = self._choose(task, evaluations, self._best(evaluations))
             routes = batch_routes(chosen, evaluations, 1.0 + self.eager_margin) if self._routes_batches else None
@@ -269,6 +247,52 @@ class MeasuringStrategy(ReusedResults, TuneStrategy):
         logger.info("%s: chose %s (%s)", describe_task(task), task.report.chosen, reason)
         return backend
 
+    def _evaluate_all(self, task: GraphTask, plan: Plan, screen: Plan | None, cache: ResultCache | None,
+                      executor: Executor | None, shared: Shared | None) -> list[Evaluation]:
+        """Evaluate the baseline and every candidate (reused, skipped, in process or by ``executor``)."""
+        evaluations: list[Evaluation] = []
+        queue = self._templates()
+        seen = {template.key() for template, _ in queue}
+        prefetched: dict[str, Pending] = {}
+        while queue:
+            template, role = queue.pop(0)
+            key = cache.key(template, role) if cache is not None else None
+            stored = cache.load(key) if cache is not None else None
+            skipped = self._costs.skip_row(template, task.deadline, role) if role != BASELINE else None
+            own_plan = plan if screen is None or role == BASELINE else screen
+            if stored is not None:
+                evaluation = self._reused(task, role, *stored)
+            elif skipped is not None:
+                task.report.candidates.append(skipped)
+                logger.info("%s: %s %s", describe_task(task), skipped.backend, skipped.error)
+                continue
+            else:
+                started = time.perf_counter()
+                if executor is None or shared is None:
+                    evaluation = self._evaluate(template, task, role, own_plan)
+                else:
+                    if executor.concurrent and not prefetched:  # submit the rest now: they run in parallel
+                        for other, other_role in queue:
+                            other_plan = plan if screen is None or other_role == BASELINE else screen
+                            prefetched[other.key()] = self._submit(executor, shared, other, task, other_role,
+                                                                   other_plan)
+                    pending = prefetched.pop(template.key(), None) or \
+                        self._submit(executor, shared, template, task, role, own_plan)
+                    evaluation = self._evaluate_isolated(pending, template, task, role)
+                self._costs.note(template, time.perf_counter() - started)
+                if cache is not None:
+                    cache.store(key, evaluation.row, evaluation.sweep)
+            evaluation.template, evaluation.key = template, key
+            evaluations.append(evaluation)
+            retry = precision_retry(template, evaluation, seen)
+            if retry is not None:
+                queue.insert(0, (retry, role))
+            if screen is not None:
+                self._screen(evaluations, screen)
+            else:
+                self._release_unneeded(evaluations, self._best(evaluations))
+        return evaluations
+
     def _best(self, evaluations: list[Evaluation]) -> Evaluation | None:
         """The built candidate (not the baseline) with the best score, if any qualifies."""
         qualified = [e for e in evaluations if e.role != BASELINE and e.qualified]
@@ -287,22 +311,28 @@ class MeasuringStrategy(ReusedResults, TuneStrategy):
                 evaluation.backend, evaluation.reused = None, False
 
     def _sweep_survivors(self, task: GraphTask, evaluations: list[Evaluation], plan: Plan, screen: Plan,
-                         cache: ResultCache | None) -> None:
+                         cache: ResultCache | None, executor: Executor | None, shared: Shared | None) -> None:
         """Sweep every batch size of the plan for the candidates screening kept (a reused result that was
-        swept already keeps its sweep)."""
+        swept already keeps its sweep); with an isolated executor, in a worker."""
         for evaluation in evaluations:
             if evaluation.role == BASELINE or not evaluation.qualified:
                 continue
             measured = [m.batch_size for m in evaluation.sweep.measurements] if evaluation.sweep else []
             if evaluation.reused and measured != screen.batch_sizes:
                 continue
-            if evaluation.backend is None and not self._rebuild(task, evaluation):
-                continue
-            backend = evaluation.backend
-            finished, result = run_with_time_limit(
-                lambda cancel, b=backend: self._measure_backend(b, task, plan, cancel), self.candidate_time_limit_s)
-            if not finished or not result.measurements:
-                continue  # keeps its screening measurements, which already qualified it
+            if executor is not None and shared is not None:
+                result = self._sweep_isolated(executor, shared, evaluation, task, plan)
+                if result is None:
+                    continue
+            else:
+                if evaluation.backend is None and not self._rebuild(task, evaluation):
+                    continue
+                backend = evaluation.backend
+                finished, result = run_with_time_limit(
+                    lambda cancel, b=backend: self._measure_backend(b, task, plan, cancel),
+                    self.candidate_time_limit_s)
+                if not finished or not result.measurements:
+                    continue  # keeps its screening measurements, which already qualified it
             evaluation.sweep, evaluation.pick = result, self._pick(result)
             evaluation.row.measurements = result.to_dict()
             evaluation.row.measurements["selection"] = selection_dict(self.metric_name, evaluation.pick)

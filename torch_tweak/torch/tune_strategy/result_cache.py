@@ -134,7 +134,8 @@ class ReusedResults:
         return Evaluation(role, row, None, sweep, pick, reused=True)
 
     def _rebuild(self, task: GraphTask, evaluation: Evaluation) -> bool:
-        """Build and check a reused candidate that is to serve; False (its row says why) if that fails now."""
+        """Build and check a reused (or worker-measured) candidate that is to serve; False (its row says why) if
+        that fails now."""
         assert evaluation.template is not None
         private = replace(task, report=GraphReport(name=task.report.name))
         try:
@@ -143,8 +144,9 @@ class ReusedResults:
             for name in ("status", "error", "fidelity", "log_path", "build_time_s"):
                 setattr(evaluation.row, name, getattr(failure.report, name))
             evaluation.pick, evaluation.reused = None, False
-            logger.warning("%s: %s, reused from an earlier run, failed when built again: %s", describe_task(task),
-                           evaluation.row.backend, evaluation.row.error)
+            where = "measured by a worker" if evaluation.row.worker else "reused from an earlier run"
+            logger.warning("%s: %s, %s, failed when built again in this process: %s", describe_task(task),
+                           evaluation.row.backend, where, evaluation.row.error)
             return False
         evaluation.backend = backend
         evaluation.row.fidelity, evaluation.row.build_time_s = fresh.fidelity, fresh.build_time_s

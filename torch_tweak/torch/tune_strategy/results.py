@@ -25,7 +25,9 @@ class Evaluation:
     pick: Measurement | None = None
     template: Backend | None = None  # what to build if a reused result is chosen
     key: str | None = None  # its result-cache key
-    reused: bool = False  # row and sweep come from the result cache; ``backend`` is built only if chosen
+    # Row and sweep come from the result cache or an isolated executor's worker; ``backend`` is built here only
+    # if the candidate is to serve.
+    reused: bool = False
 
     @property
     def qualified(self) -> bool:

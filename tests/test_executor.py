@@ -1,0 +1,129 @@
+"""Executors: candidates built, checked and measured in a worker process; crashes, runaway memory and native
+hangs become report rows and tuning finishes with the other candidates."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+import torch
+from toy_models import mlp
+
+import torch_tweak.torch as tt
+from torch_tweak.errors import ConfigError
+from torch_tweak.torch.backend import TorchEagerBackend
+from torch_tweak.torch.executor import InlineExecutor, ProcessExecutor, resolve_executor
+from torch_tweak.torch.profiling import ProfilingConfig
+from torch_tweak.torch.report.status import CandidateStatus
+from torch_tweak.torch.testing import (
+    AbortingBackend,
+    NativeSleepBackend,
+    OwnCopyBackend,
+    RunawayMemoryBackend,
+    WrongOutputBackend,
+)
+
+FAST = ProfilingConfig(warmup_calls=1, min_calls=5, window_size=5, min_time_s=0.0, max_time_s=0.02, max_calls=50,
+                       pause_s=0.0)
+DATA = [torch.randn(8) for _ in range(6)]
+
+
+def _tune(backends, executor, name="mlp", **strategy_args):
+    model = mlp()
+    strategy = tt.HighestThroughputStrategy(backends, profiling=FAST, eager_margin=0.0, screening=False,
+                                            reuse_results=False, **strategy_args)
+    wrapped = tt.Module(model, name=name, strategy=strategy)
+    expected = model(torch.stack(DATA[:3])).detach()
+    report = tt.tune(wrapped, DATA, batch_sizes=[1, 2], executor=executor)
+    return wrapped, report.module(name).graphs[0], expected, report
+
+
+def test_process_executor_evaluates_in_a_worker_and_serves_the_winner_here():
+    wrapped, graph, expected, report = _tune([TorchEagerBackend(), WrongOutputBackend(), OwnCopyBackend()], "process")
+    statuses = {row.backend: row.status for row in graph.candidates}
+    assert statuses["WrongOutputBackend()"] == CandidateStatus.REJECTED
+    assert CandidateStatus.CHOSEN in statuses.values()
+    assert all(row.worker and row.worker.startswith("pid ") for row in graph.candidates)
+    assert all(not row.reused for row in graph.candidates)
+    assert graph.executor.startswith("process")
+    assert report.environment["executor"]["name"].startswith("process")
+    assert report.environment["executor"]["nodes"][0]["cpu"] == report.environment["cpu"]["model"]
+    # the winner was built again in this process and serves
+    torch.testing.assert_close(wrapped(torch.stack(DATA[:3])), expected)
+
+
+def test_same_statuses_and_choice_as_inline_when_the_winner_is_clear():
+    backends = [TorchEagerBackend(), WrongOutputBackend()]
+    _, inline, _, _ = _tune(backends, "inline", name="in_process")
+    _, process, _, _ = _tune(backends, "process", name="in_worker")
+    assert [(r.backend, r.status) for r in inline.candidates] == [(r.backend, r.status) for r in process.candidates]
+    assert inline.chosen == process.chosen == "TorchEagerBackend()"
+    assert inline.executor == "inline"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory is watched through /proc")
+def test_crash_runaway_memory_and_native_hang_become_rows_and_tuning_finishes(caplog):
+    executor = ProcessExecutor(memory_limit_gb=2.0)
+    caplog.set_level(logging.WARNING, logger="torch_tweak")
+    try:
+        wrapped, graph, expected, _ = _tune(
+            [TorchEagerBackend(), AbortingBackend(), RunawayMemoryBackend(max_gb=6.0), NativeSleepBackend(),
+             OwnCopyBackend()], executor, candidate_time_limit_s=10.0)
+    finally:
+        executor.close()
+    rows = {row.backend: row for row in graph.candidates}
+    aborted, runaway, asleep = rows["AbortingBackend()"], rows["RunawayMemoryBackend()"], rows["NativeSleepBackend()"]
+    assert aborted.status == CandidateStatus.CRASHED and "SIGABRT" in aborted.error
+    assert aborted.log_path and "about to abort" in open(aborted.log_path).read()
+    assert runaway.status == CandidateStatus.CRASHED and runaway.error.startswith("OutOfMemory:")
+    assert "memory_limit_gb" in runaway.error
+    assert asleep.status == CandidateStatus.TIMEOUT and "was killed" in asleep.error
+    assert rows["OwnCopyBackend()"].status in (CandidateStatus.CHOSEN, CandidateStatus.PASSED)
+    assert len({rows[name].worker for name in ("AbortingBackend()", "RunawayMemoryBackend()",
+                                               "NativeSleepBackend()", "OwnCopyBackend()")}) == 4  # replaced
+    torch.testing.assert_close(wrapped(torch.stack(DATA[:3])), expected)
+    assert any("SIGABRT" in r.getMessage() for r in caplog.records)
+
+
+class _Unpicklable(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = mlp()
+        self.hook = lambda x: x  # a lambda does not pickle
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.hook(self.inner(x))
+
+
+def test_a_module_that_does_not_pickle_is_tuned_in_process_and_the_report_says_why(caplog):
+    strategy = tt.HighestThroughputStrategy([TorchEagerBackend()], profiling=FAST, reuse_results=False)
+    wrapped = tt.Module(_Unpicklable(), name="odd", strategy=strategy)
+    with caplog.at_level(logging.WARNING, logger="torch_tweak"):
+        report = tt.tune(wrapped, DATA, batch_sizes=[1, 2], executor="process")
+    graph = report.module("odd").graphs[0]
+    assert graph.executor.startswith("inline: The module cannot be sent to a worker process")
+    assert graph.chosen == "TorchEagerBackend()" and graph.candidates[0].worker is None
+    assert any("is tuned in this process" in r.getMessage() for r in caplog.records)
+
+
+def test_executor_arguments_are_validated():
+    with pytest.raises(ConfigError, match="executor must be one of"):
+        tt.tune(tt.Module(mlp()), DATA, executor="threads")
+    with pytest.raises(ConfigError, match="tt.config.executor must be one of"):
+        tt.config.executor = "ray"
+    with pytest.raises(ConfigError, match="memory_limit_gb"):
+        ProcessExecutor(memory_limit_gb=0)
+    with pytest.raises(ConfigError, match="num_threads"):
+        ProcessExecutor(num_threads=0)
+    executor, owned = resolve_executor("inline")
+    assert isinstance(executor, InlineExecutor) and owned
+    mine = ProcessExecutor()
+    assert resolve_executor(mine) == (mine, False)
+
+
+def test_config_default_is_the_process_executor(monkeypatch):
+    monkeypatch.delenv("TORCH_TWEAK_EXECUTOR", raising=False)
+    from torch_tweak.torch.config import TorchTweakConfig
+
+    assert TorchTweakConfig().executor == "process"

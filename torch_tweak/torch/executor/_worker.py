@@ -1,0 +1,93 @@
+"""The loop of a worker process started by :class:`~torch_tweak.torch.executor.process.ProcessExecutor`.
+
+Messages arrive on the pipe as pickles written by the parent (the process that started this one), never read
+from disk: ``("context", token, blob)``, ``("drop", token)``, ``("run", token, fn, args)`` and ``("stop",)``.
+Replies are ``("ready", info)``, ``("log", record)``, ``("done", value)`` and ``("error", text)``.
+Log records at or above the parent's level are forwarded, so the caller's handlers see them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import socket
+import threading
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+class _Unloadable:
+    """A context that could not be unpickled here; every run against it reports why."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+class _Forward(logging.Handler):
+    """Sends log records to the parent (message formatted here, arguments dropped: they may not pickle)."""
+
+    def __init__(self, send: Any) -> None:
+        super().__init__()
+        self._send = send
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            data = {"name": record.name, "levelno": record.levelno, "levelname": record.levelname,
+                    "msg": record.getMessage(), "args": None, "pathname": record.pathname,
+                    "lineno": record.lineno, "funcName": record.funcName, "created": record.created,
+                    "exc_text": self.format(record).partition("\n")[2] if record.exc_info else None}
+            self._send(("log", data))
+        except Exception:  # noqa: BLE001 - logging must never break the work
+            self.handleError(record)
+
+
+def main(conn: Connection, num_threads: int, log_level: int) -> None:
+    """Serve the parent until it says stop or goes away."""
+    import torch
+
+    torch.set_num_threads(num_threads)
+    lock = threading.Lock()
+
+    def send(message: Any) -> None:
+        blob = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with lock:
+            conn.send_bytes(blob)
+
+    root = logging.getLogger()  # this process is ours: its root logger forwards to the parent's handlers
+    root.handlers[:] = [_Forward(send)]
+    root.setLevel(log_level)
+    send(("ready", {"pid": os.getpid(), "host": socket.gethostname()}))
+    contexts: dict[int, Any] = {}
+    while True:
+        try:
+            message = pickle.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        except Exception:  # noqa: BLE001 - only a run message can fail to load (contexts load below)
+            send(("error", f"the worker could not load the work it was sent: {traceback.format_exc()}"))
+            continue
+        kind = message[0]
+        if kind == "stop":
+            return
+        if kind == "drop":
+            contexts.pop(message[1], None)
+        elif kind == "context":
+            try:
+                contexts[message[1]] = pickle.loads(message[2])
+            except Exception:  # noqa: BLE001 - reported with the first run against it
+                contexts[message[1]] = _Unloadable(traceback.format_exc())
+        elif kind == "run":
+            _, token, fn, args = message
+            context = contexts.get(token)
+            if context is None or isinstance(context, _Unloadable):
+                why = context.text if isinstance(context, _Unloadable) else "it was never sent"
+                send(("error", f"the worker could not load the tuning context: {why}"))
+                continue
+            try:
+                value = fn(context, *args)
+            except BaseException:  # noqa: BLE001 - any escape is reported, the worker stays usable
+                send(("error", traceback.format_exc()))
+                continue
+            send(("done", value))

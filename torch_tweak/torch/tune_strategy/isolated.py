@@ -1,0 +1,131 @@
+"""Candidates evaluated by an isolated executor (a worker process, a Ray task) instead of in the tuning process.
+
+The measuring strategies hand each candidate to ``task.executor`` (:mod:`torch_tweak.torch.executor`): the
+worker builds, checks and measures it with the strategy's own code (:func:`evaluate_candidate`) and sends back
+the report row and the sweep; the built backend stays there and is released. The strategy compares the rows
+as it compares results read from the result cache, and builds only the candidates that are to serve again in
+this process (a compiler's warm cache and the converters' files make that quick). A worker that dies, runs
+out of memory or overruns the candidate time limit gives a ``crashed`` or ``timeout`` row and tuning goes on.
+
+A graph that cannot be sent (the module or a task metric does not pickle) or whose worker cannot start is
+tuned in this process; a warning and the graph report's ``executor`` field say so.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from torch_tweak.errors import WorkerError
+from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.torch.executor.base import OUT_OF_MEMORY, TIMED_OUT, Executor, Failure, Pending, Shared
+from torch_tweak.torch.profiling import SweepResult
+from torch_tweak.torch.report.report import CandidateReport, GraphReport
+from torch_tweak.torch.report.status import CandidateStatus
+from torch_tweak.torch.tune_strategy.base import CandidateFailedError, GraphTask, describe_task, release_quietly
+from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, selection_dict
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerContext:
+    """What a worker needs for every candidate of one graph: the strategy's settings and the task."""
+
+    strategy: Any
+    task: GraphTask
+
+
+def evaluate_candidate(context: WorkerContext, template: Backend, role: str,
+                       plan: Plan) -> tuple[CandidateReport, SweepResult | None]:
+    """In the worker: build, check and measure ``template`` like the strategy does in process; release it."""
+    task = replace(context.task, report=GraphReport(name=context.task.report.name))
+    try:
+        backend, sweep = context.strategy._build_and_measure(template, task, role, plan, None)
+    except CandidateFailedError as failure:
+        return failure.report, None
+    release_quietly(backend)
+    return task.report.candidates[-1], sweep
+
+
+def failure_row(template: Backend, role: str, failure: Failure, cache_dir: Path) -> CandidateReport:
+    """The report row of a candidate whose worker did not return."""
+    timed_out = failure.kind == TIMED_OUT
+    row = CandidateReport(backend=template.describe(), key=template.key(), role=role,
+                          status=CandidateStatus.TIMEOUT if timed_out else CandidateStatus.CRASHED,
+                          worker=failure.worker)
+    log = cache_dir / template.key() / "build.log"
+    kind = {TIMED_OUT: "TimeoutError", OUT_OF_MEMORY: "OutOfMemory"}.get(failure.kind, "WorkerCrashed")
+    row.error = f"{kind}: {failure.message}"
+    if log.is_file():
+        row.log_path = str(log)
+        row.error += f" (build log: {log})"
+    return row
+
+
+class IsolatedCandidates:
+    """Mixed into ``MeasuringStrategy``: opening a graph on an isolated executor and evaluating candidates there."""
+
+    candidate_time_limit_s: float | None
+    metric_name: str
+    results: list[Any]
+    # From MeasuringStrategy: ``_pick(sweep)``.
+
+    def _open_executor(self, task: GraphTask) -> tuple[Executor | None, Shared | None]:
+        """The isolated executor and the shared context for ``task``, or ``(None, None)`` to tune in process."""
+        executor = task.executor
+        if executor is None or not executor.isolated:
+            task.report.executor = "inline"
+            return None, None
+        strategy = copy.copy(self)
+        strategy.results = []  # earlier graphs' reports do not travel
+        worker_task = replace(task, report=GraphReport(name=task.report.name), executor=None, deadline=None)
+        try:
+            shared = executor.share(WorkerContext(strategy, worker_task))
+        except WorkerError as exc:
+            logger.warning("%s is tuned in this process, not by the %s executor: %s", describe_task(task),
+                           executor.name, exc)
+            task.report.executor = f"inline: {exc}"
+            return None, None
+        task.report.executor = executor.describe()
+        return executor, shared
+
+    def _submit(self, executor: Executor, shared: Shared, template: Backend, task: GraphTask, role: str,
+                plan: Plan) -> Pending:
+        return executor.submit(shared, evaluate_candidate, (template, role, plan),
+                               time_limit_s=self.candidate_time_limit_s,
+                               label=f"{describe_task(task)} candidate {template.describe()}")
+
+    def _evaluate_isolated(self, pending: Pending, template: Backend, task: GraphTask, role: str) -> Evaluation:
+        """The evaluation of a submitted candidate; its row goes into the graph's report."""
+        outcome = pending.result()
+        if isinstance(outcome, Failure):
+            row = failure_row(template, role, outcome, task.cache_dir)
+            task.report.candidates.append(row)
+            logger.warning("%s: %s", describe_task(task), row.error)
+            return Evaluation(role, row)
+        row, sweep = outcome.value
+        row.worker = outcome.worker
+        task.report.candidates.append(row)
+        if sweep is None:
+            logger.info("%s: %s failed: %s", describe_task(task), row.backend, row.error)
+            return Evaluation(role, row)
+        pick = self._pick(sweep)  # type: ignore[attr-defined]
+        row.measurements = sweep.to_dict()
+        row.measurements["selection"] = selection_dict(self.metric_name, pick)
+        return Evaluation(role, row, None, sweep, pick, reused=True)
+
+    def _sweep_isolated(self, executor: Executor, shared: Shared, evaluation: Evaluation, task: GraphTask,
+                        plan: Plan) -> SweepResult | None:
+        """Every batch size of ``plan`` for a screened candidate, in a worker (None: it failed there this time,
+        and keeps its screening measurements)."""
+        assert evaluation.template is not None
+        outcome = self._submit(executor, shared, evaluation.template, task, evaluation.role, plan).result()
+        if isinstance(outcome, Failure):
+            logger.warning("%s: sweeping %s failed: %s", describe_task(task), evaluation.row.backend, outcome.message)
+            return None
+        _, sweep = outcome.value
+        return sweep if sweep is not None and sweep.measurements else None
