@@ -58,21 +58,21 @@ from torch_tweak.torch.tune_strategy.base import (
 from torch_tweak.torch.tune_strategy.batch_search import search_if_enabled
 from torch_tweak.torch.tune_strategy.isolated import IsolatedCandidates
 from torch_tweak.torch.tune_strategy.result_cache import ResultCache, ReusedResults
-from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, StrategyResult, precision_retry, selection_dict
-from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
-from torch_tweak.torch.tune_strategy.screening import (
-    BuildCosts,
-    best_at_ends,
-    mark_screened_out,
-    screened_out,
-    screening_plan,
+from torch_tweak.torch.tune_strategy.results import (
+    BASELINE,
+    Evaluation,
+    Plan,
+    StrategyResult,
+    precision_retry,
+    selection_dict,
 )
+from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
+from torch_tweak.torch.tune_strategy.screening import BuildCosts, ScreeningSteps, screening_plan
 from torch_tweak.torch.tune_strategy.sweeping import sweep_backend
 from torch_tweak.utils.validate import check_bool, check_int
 
 logger = logging.getLogger(__name__)
 
-BASELINE = "baseline"
 
 
 def _check_number(owner: str, name: str, value: Any, *, allow_zero: bool) -> float:
@@ -82,7 +82,7 @@ def _check_number(owner: str, name: str, value: Any, *, allow_zero: bool) -> flo
     return float(value)
 
 
-class MeasuringStrategy(ReusedResults, IsolatedCandidates, TuneStrategy):
+class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, TuneStrategy):
     """Base of the strategies that measure: candidates, eager baseline, eager gate, time limit, batch search.
 
     Args:
@@ -297,47 +297,6 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, TuneStrategy):
         """The built candidate (not the baseline) with the best score, if any qualifies."""
         qualified = [e for e in evaluations if e.role != BASELINE and e.qualified]
         return max(qualified, key=lambda e: self._score(e.pick), default=None)  # type: ignore[arg-type]
-
-    def _screen(self, evaluations: list[Evaluation], screen: Plan) -> None:
-        """Release the screened candidates that can no longer be within the margin of the best."""
-        screened = [e for e in evaluations if e.role != BASELINE and (e.backend is not None or e.reused)]
-        best = best_at_ends(screened, screen.batch_sizes)
-        for evaluation in screened:
-            reason = screened_out(evaluation.sweep, best, self.screening_margin)
-            if reason is not None:
-                mark_screened_out(evaluation, reason)
-                if evaluation.backend is not None:
-                    release_quietly(evaluation.backend)
-                evaluation.backend, evaluation.reused = None, False
-
-    def _sweep_survivors(self, task: GraphTask, evaluations: list[Evaluation], plan: Plan, screen: Plan,
-                         cache: ResultCache | None, executor: Executor | None, shared: Shared | None) -> None:
-        """Sweep every batch size of the plan for the candidates screening kept (a reused result that was
-        swept already keeps its sweep); with an isolated executor, in a worker."""
-        for evaluation in evaluations:
-            if evaluation.role == BASELINE or not evaluation.qualified:
-                continue
-            measured = [m.batch_size for m in evaluation.sweep.measurements] if evaluation.sweep else []
-            if evaluation.reused and measured != screen.batch_sizes:
-                continue
-            if executor is not None and shared is not None:
-                result = self._sweep_isolated(executor, shared, evaluation, task, plan)
-                if result is None:
-                    continue
-            else:
-                if evaluation.backend is None and not self._rebuild(task, evaluation):
-                    continue
-                backend = evaluation.backend
-                finished, result = run_with_time_limit(
-                    lambda cancel, b=backend: self._measure_backend(b, task, plan, cancel),
-                    self.candidate_time_limit_s)
-                if not finished or not result.measurements:
-                    continue  # keeps its screening measurements, which already qualified it
-            evaluation.sweep, evaluation.pick = result, self._pick(result)
-            evaluation.row.measurements = result.to_dict()
-            evaluation.row.measurements["selection"] = selection_dict(self.metric_name, evaluation.pick)
-            if cache is not None:
-                cache.store(evaluation.key, evaluation.row, result)
 
     def _release_unneeded(self, evaluations: list[Evaluation], best: Evaluation | None) -> None:
         """Deactivate candidates that can no longer be chosen or serve a batch-size range (eager stays)."""

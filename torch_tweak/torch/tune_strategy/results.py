@@ -12,6 +12,9 @@ from torch_tweak.torch.report.report import REJECTED, CandidateReport, GraphRepo
 
 logger = logging.getLogger(__name__)
 
+#: The role of the eager reference in a measuring strategy's evaluations and report rows.
+BASELINE = "baseline"
+
 
 @dataclass
 class Evaluation:

@@ -15,8 +15,16 @@ Routes = list[tuple[int | None, Evaluation]]
 
 
 def _alive(evaluations: list[Evaluation]) -> list[Evaluation]:
-    return [e for e in evaluations if e.backend is not None and e.sweep is not None
-            and e.backend.state == BackendState.ACTIVE]
+    """Measured candidates that are built here, or measured elsewhere (result cache, a worker) and buildable."""
+    return [e for e in evaluations if e.sweep is not None and (
+        (e.backend is not None and e.backend.state == BackendState.ACTIVE)
+        or (e.reused and e.template is not None and e.pick is not None))]
+
+
+def _runtime(evaluation: Evaluation) -> str:
+    built = evaluation.backend if evaluation.backend is not None else evaluation.template
+    assert built is not None
+    return built.runtime
 
 
 def worth_keeping(evaluations: list[Evaluation], margin: float) -> list[Evaluation]:
@@ -28,8 +36,7 @@ def worth_keeping(evaluations: list[Evaluation], margin: float) -> list[Evaluati
     """
     by_runtime: dict[str, list[Evaluation]] = {}
     for e in _alive(evaluations):
-        assert e.backend is not None
-        by_runtime.setdefault(e.backend.runtime, []).append(e)
+        by_runtime.setdefault(_runtime(e), []).append(e)
     keep: list[Evaluation] = []
     for group in by_runtime.values():
         best = max(group, key=lambda e: e.pick.throughput if e.pick is not None else -1.0)
@@ -50,14 +57,13 @@ def batch_routes(chosen: Evaluation, evaluations: list[Evaluation], margin: floa
     batch size takes over when its throughput is at least ``margin`` times the chosen one's (and the
     highest such). A batch size between two measured ones goes with the smaller; the last range is open.
     """
-    if chosen.sweep is None or chosen.backend is None:
+    if chosen.sweep is None or (chosen.backend is None and not chosen.reused):
         return None
     own = {m.batch_size: m.throughput for m in chosen.sweep.measurements if m.batched}
     sizes = sorted(own)
     if len(sizes) < 2:
         return None
-    rivals = [e for e in _alive(evaluations) if e is not chosen and e.backend is not None
-              and e.backend.runtime == chosen.backend.runtime]
+    rivals = [e for e in _alive(evaluations) if e is not chosen and _runtime(e) == _runtime(chosen)]
     assignment: list[Evaluation] = []
     for size in sizes:
         pick, speed = chosen, own[size]

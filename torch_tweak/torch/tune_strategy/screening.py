@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.torch.executor.base import Executor, Shared
 from torch_tweak.torch.profiling import SweepResult
+from torch_tweak.torch.profiling.limit import run_with_time_limit
 from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.report.status import CandidateStatus
-from torch_tweak.torch.tune_strategy.results import Evaluation, Plan
+from torch_tweak.torch.tune_strategy.base import GraphTask, release_quietly
+from torch_tweak.torch.tune_strategy.result_cache import ResultCache
+from torch_tweak.torch.tune_strategy.results import BASELINE, Evaluation, Plan, selection_dict
 
 
 def screening_plan(plan: Plan) -> Plan | None:
@@ -104,3 +109,54 @@ class BuildCosts:
                f"candidate took {expected:.1f} s earlier in this run")
         row.error = f"skipped: {why}; raise time_budget_s to try it"
         return row
+
+
+class ScreeningSteps:
+    """Mixed into ``MeasuringStrategy``: dropping screened candidates and sweeping the survivors."""
+
+    screening_margin: float
+    candidate_time_limit_s: float | None
+    metric_name: str
+    # From MeasuringStrategy and its mixins: ``_pick``, ``_rebuild``, ``_measure_backend``, ``_sweep_isolated``.
+
+    def _screen(self: Any, evaluations: list[Evaluation], screen: Plan) -> None:
+        """Release the screened candidates that can no longer be within the margin of the best."""
+        screened = [e for e in evaluations if e.role != BASELINE and (e.backend is not None or e.reused)]
+        best = best_at_ends(screened, screen.batch_sizes)
+        for evaluation in screened:
+            reason = screened_out(evaluation.sweep, best, self.screening_margin)
+            if reason is not None:
+                mark_screened_out(evaluation, reason)
+                if evaluation.backend is not None:
+                    release_quietly(evaluation.backend)
+                evaluation.backend, evaluation.reused = None, False
+
+    def _sweep_survivors(self: Any, task: GraphTask, evaluations: list[Evaluation], plan: Plan, screen: Plan,
+                         cache: ResultCache | None, executor: Executor | None, shared: Shared | None) -> None:
+        """Sweep every batch size of the plan for the candidates screening kept (a reused result that was
+        swept already keeps its sweep); with an isolated executor, in a worker."""
+        for evaluation in evaluations:
+            if evaluation.role == BASELINE or not evaluation.qualified:
+                continue
+            measured = [m.batch_size for m in evaluation.sweep.measurements] if evaluation.sweep else []
+            if evaluation.reused and measured != screen.batch_sizes:
+                continue
+            if executor is not None and shared is not None:
+                result = self._sweep_isolated(executor, shared, evaluation, task, plan)
+                if result is None:
+                    continue
+            else:
+                if evaluation.backend is None and not self._rebuild(task, evaluation):
+                    continue
+                backend = evaluation.backend
+                finished, result = run_with_time_limit(
+                    lambda cancel, b=backend: self._measure_backend(b, task, plan, cancel),
+                    self.candidate_time_limit_s)
+                if not finished or not result.measurements:
+                    continue  # keeps its screening measurements, which already qualified it
+            evaluation.sweep, evaluation.pick = result, self._pick(result)
+            evaluation.row.measurements = result.to_dict()
+            evaluation.row.measurements["selection"] = selection_dict(self.metric_name, evaluation.pick)
+            if cache is not None:
+                cache.store(evaluation.key, evaluation.row, result)
+
