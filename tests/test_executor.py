@@ -4,6 +4,8 @@ hangs become report rows and tuning finishes with the other candidates."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 import sys
 
 import pytest
@@ -127,3 +129,21 @@ def test_config_default_is_the_process_executor(monkeypatch):
     from torch_tweak.torch.config import TorchTweakConfig
 
     assert TorchTweakConfig().executor == "process"
+
+
+def test_a_script_without_a_main_guard_gets_an_error_that_says_how_to_fix_it(tmp_path):
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import torch\n"
+        "import torch_tweak.torch as tt\n"
+        "from torch_tweak.torch.backend import TorchEagerBackend\n"
+        "strategy = tt.HighestThroughputStrategy([TorchEagerBackend()])\n"
+        "m = tt.Module(torch.nn.Linear(4, 4), name='unguarded', strategy=strategy)\n"
+        "report = tt.tune(m, [torch.randn(4) for _ in range(3)], executor='process')\n"
+        "print('MODULE', report.modules[0].status, report.modules[0].error)\n"
+    )
+    env = {**os.environ, "TORCH_TWEAK_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("MODULE"))
+    assert "passthrough" in line and "WorkerError" in line and "if __name__ == '__main__'" in line

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from torch_tweak.errors import ConfigError, TuningError
+from torch_tweak.errors import ConfigError, TuningError, WorkerError
 from torch_tweak.torch import progress
 from torch_tweak.torch._device import get_device
 from torch_tweak.torch.cache import cache_folder, cache_root
@@ -19,6 +20,7 @@ from torch_tweak.torch.cache_limit import enforce_size_limit
 from torch_tweak.torch.config import config
 from torch_tweak.torch.dataset import dataset_items, iter_batches
 from torch_tweak.torch.executor import Executor, resolve_executor
+from torch_tweak.torch.executor.base import WORKER_ENV
 from torch_tweak.torch.module.sample_store import SampleStore
 from torch_tweak.torch.module.session import RecordingSession, recording
 from torch_tweak.torch.module.state import TunedGraph, internals
@@ -78,6 +80,12 @@ def tune(
     Returns:
         The :class:`TuningReport` of every module, graph and candidate.
     """
+    if os.environ.get(WORKER_ENV):
+        raise WorkerError(
+            "tt.tune was called in a torch_tweak worker process while it imported the main script: worker processes "
+            "import it again, so a script must call tt.tune under `if __name__ == '__main__':`. Add that guard, or "
+            "pass executor='inline' to tune without worker processes."
+        )
     start, started_at = time.perf_counter(), time.time()
     target = get_device(device if device is not None else config.default_device)
     if device is None and target.type == "cpu" and hasattr(torch, "xpu") and torch.xpu.is_available():

@@ -22,6 +22,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 #: What a :class:`Failure` says happened.
@@ -29,6 +30,10 @@ CRASHED = "crashed"  # the worker died (a signal, an exit, a lost node)
 OUT_OF_MEMORY = "out_of_memory"  # the worker's memory passed the executor's limit and it was killed
 TIMED_OUT = "timed_out"  # the work did not finish within its time limit and its worker was killed
 ERROR = "error"  # the function raised (the work itself handles expected errors; this is a bug or a lost value)
+WRONG_HARDWARE = "wrong_hardware"  # it reached a machine of another hardware class than the graph's and was stopped
+
+#: Set in the environment of a worker process while it starts (and imports the caller's main script).
+WORKER_ENV = "TORCH_TWEAK_WORKER"
 
 _tokens = itertools.count(1)
 
@@ -52,7 +57,7 @@ class Done:
 @dataclass
 class Failure:
     """Work that did not return: ``kind`` is one of :data:`CRASHED`, :data:`OUT_OF_MEMORY`, :data:`TIMED_OUT`,
-    :data:`ERROR`; ``message`` says what happened and, where it can, why and what to do."""
+    :data:`ERROR`, :data:`WRONG_HARDWARE`; ``message`` says what happened and, where it can, why and what to do."""
 
     kind: str
     message: str
@@ -94,6 +99,15 @@ class Executor(ABC):
 
     def release(self, shared: Shared) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """The context will not be used again (workers may drop it)."""
+
+    def hardware(self) -> dict[str, Any] | None:
+        """The CPU the work is measured on (``{"cpu": model, "isa": flags, ...}``) when it is not this machine's,
+        for the keys of stored results; None: this machine."""
+        return None
+
+    def worker_path(self, path: Path) -> Path:
+        """Where ``path`` (a build folder in this process's cache) is for the workers (by default the same)."""
+        return path
 
     def nodes(self) -> list[dict[str, Any]]:
         """The machines work ran on (``host``, ``cpu``, ``isa``...), for the report's environment block."""

@@ -38,6 +38,7 @@ from torch_tweak.torch.executor.base import (
     ERROR,
     OUT_OF_MEMORY,
     TIMED_OUT,
+    WORKER_ENV,
     Done,
     Executor,
     Failure,
@@ -94,7 +95,11 @@ class _Worker:
         self.process = context.Process(target=_worker.main, args=(child, num_threads, level),
                                        name="torch_tweak-worker", daemon=False)
         self.contexts: set[int] = set()
-        self.process.start()
+        os.environ[WORKER_ENV] = "1"  # inherited by the worker: tt.tune refuses to run while it imports main
+        try:
+            self.process.start()
+        finally:
+            os.environ.pop(WORKER_ENV, None)
         child.close()
         self.name = f"pid {self.process.pid}"
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -148,6 +153,13 @@ class _Worker:
         self.kill()
 
 
+class _Discard:
+    """A file that keeps nothing: pickling into it checks that an object pickles without holding its bytes."""
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
 class _Lazy(Pending):
     def __init__(self, run: Callable[[], Outcome]) -> None:
         self._run: Callable[[], Outcome] | None = run
@@ -190,7 +202,6 @@ class ProcessExecutor(Executor):
             self.memory_limit = physical * DEFAULT_MEMORY_FRACTION if physical else math.inf
         self.num_threads = num_threads
         self._worker: _Worker | None = None
-        self._pending_blobs: dict[int, bytes] = {}
         _live.add(self)
 
     def describe(self) -> str:
@@ -199,21 +210,19 @@ class ProcessExecutor(Executor):
         return f"process (a spawned worker, {limit})"
 
     def share(self, context: Any) -> Shared:
-        """Check that ``context`` can be sent (pickled) and that a worker starts; raises :class:`WorkerError`."""
+        """Check that ``context`` can be sent (pickled, into a sink that keeps nothing); raises
+        :class:`WorkerError` if not. The worker starts, and the context is sent, with the first unit of work."""
         shared = super().share(context)
         try:
-            blob = pickle.dumps(context, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.Pickler(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(context)
         except Exception as exc:
             raise WorkerError(
                 f"The module cannot be sent to a worker process: pickling it failed ({type(exc).__name__}: {exc}). "
                 "Make the module picklable, or pass executor='inline' to tune it in this process."
             ) from exc
-        self._pending_blobs[shared.token] = blob  # sent with the first unit, then dropped (re-pickled if needed)
-        self._ensure_worker()
         return shared
 
     def release(self, shared: Shared) -> None:
-        self._pending_blobs.pop(shared.token, None)
         worker = self._worker
         if worker is not None and shared.token in worker.contexts:
             worker.contexts.discard(shared.token)
@@ -257,11 +266,9 @@ class ProcessExecutor(Executor):
         start = time.monotonic()
         try:
             if shared.token not in worker.contexts:
-                blob = self._pending_blobs.pop(shared.token, None)
-                if blob is None:
-                    blob = pickle.dumps(shared.context, protocol=pickle.HIGHEST_PROTOCOL)
+                blob = pickle.dumps(shared.context, protocol=pickle.HIGHEST_PROTOCOL)
                 worker.send(("context", shared.token, blob))
-                del blob
+                del blob  # the caller keeps no copy of the module's bytes
                 worker.contexts.add(shared.token)
             worker.send(("run", shared.token, fn, args))
         except OSError as exc:

@@ -7,8 +7,9 @@ as it compares results read from the result cache, and builds only the candidate
 this process (a compiler's warm cache and the converters' files make that quick). A worker that dies, runs
 out of memory or overruns the candidate time limit gives a ``crashed`` or ``timeout`` row and tuning goes on.
 
-A graph that cannot be sent (the module or a task metric does not pickle) or whose worker cannot start is
-tuned in this process; a warning and the graph report's ``executor`` field say so.
+A graph that cannot be sent (the module or a task metric does not pickle) is tuned in this process; a warning
+and the graph report's ``executor`` field say so. A worker that cannot start raises :class:`WorkerError`, which
+says how to fix it (a script without an ``if __name__ == "__main__":`` guard is the usual cause).
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from typing import Any
 
 from torch_tweak.errors import WorkerError
 from torch_tweak.torch.backend.backend import Backend
-from torch_tweak.torch.executor.base import OUT_OF_MEMORY, TIMED_OUT, Executor, Failure, Pending, Shared
+from torch_tweak.torch.executor.base import (
+    OUT_OF_MEMORY,
+    TIMED_OUT,
+    WRONG_HARDWARE,
+    Executor,
+    Failure,
+    Pending,
+    Shared,
+)
 from torch_tweak.torch.profiling import SweepResult
 from torch_tweak.torch.report.report import CandidateReport, GraphReport
 from torch_tweak.torch.report.status import CandidateStatus
@@ -43,6 +52,10 @@ def evaluate_candidate(context: WorkerContext, template: Backend, role: str,
                        plan: Plan) -> tuple[CandidateReport, SweepResult | None]:
     """In the worker: build, check and measure ``template`` like the strategy does in process; release it."""
     task = replace(context.task, report=GraphReport(name=context.task.report.name))
+    if task.store is not None and not task.store.folder.is_dir():  # another machine: the caller's disk is not here
+        logger.warning("%s: the recorded calls in %s are not on this machine; calibrating and judging with the "
+                       "in-memory samples only", describe_task(task), task.store.folder)
+        task = replace(task, store=None)
     try:
         backend, sweep = context.strategy._build_and_measure(template, task, role, plan, None)
     except CandidateFailedError as failure:
@@ -53,12 +66,13 @@ def evaluate_candidate(context: WorkerContext, template: Backend, role: str,
 
 def failure_row(template: Backend, role: str, failure: Failure, cache_dir: Path) -> CandidateReport:
     """The report row of a candidate whose worker did not return."""
-    timed_out = failure.kind == TIMED_OUT
-    row = CandidateReport(backend=template.describe(), key=template.key(), role=role,
-                          status=CandidateStatus.TIMEOUT if timed_out else CandidateStatus.CRASHED,
+    status = {TIMED_OUT: CandidateStatus.TIMEOUT, WRONG_HARDWARE: CandidateStatus.SKIPPED}.get(
+        failure.kind, CandidateStatus.CRASHED)
+    row = CandidateReport(backend=template.describe(), key=template.key(), role=role, status=status,
                           worker=failure.worker)
     log = cache_dir / template.key() / "build.log"
-    kind = {TIMED_OUT: "TimeoutError", OUT_OF_MEMORY: "OutOfMemory"}.get(failure.kind, "WorkerCrashed")
+    kind = {TIMED_OUT: "TimeoutError", OUT_OF_MEMORY: "OutOfMemory", WRONG_HARDWARE: "HardwareMismatch"}.get(
+        failure.kind, "WorkerCrashed")
     row.error = f"{kind}: {failure.message}"
     if log.is_file():
         row.log_path = str(log)
@@ -82,7 +96,8 @@ class IsolatedCandidates:
             return None, None
         strategy = copy.copy(self)
         strategy.results = []  # earlier graphs' reports do not travel
-        worker_task = replace(task, report=GraphReport(name=task.report.name), executor=None, deadline=None)
+        worker_task = replace(task, report=GraphReport(name=task.report.name), executor=None, deadline=None,
+                              cache_dir=executor.worker_path(task.cache_dir))
         try:
             shared = executor.share(WorkerContext(strategy, worker_task))
         except WorkerError as exc:

@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import asdict, fields, replace
 from typing import Any
 
+from torch_tweak.errors import WorkerError
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.backend.registry import required_packages
 from torch_tweak.torch.cache import cache_folder
@@ -51,9 +52,11 @@ class ResultCache:
     def __init__(self, module: Any, graph_spec: Any, settings: dict[str, Any]) -> None:
         self.folder = cache_folder("results")
         weights = weights_digest(module)
+        measured_on = settings.get("measured_on")  # another machine's CPU (a Ray hardware class), else this one's
+        cpu, isa = (measured_on["cpu"], measured_on["isa"]) if measured_on else (cpu_info().model, isa_flags())
         self._base: dict[str, Any] | None = None if weights is None else {
             "format": FORMAT, "weights": weights, "graph": graph_spec.to_dict(), "settings": settings,
-            "cpu": cpu_info().model, "isa": isa_flags(), "versions": core_versions(),
+            "cpu": cpu, "isa": isa, "versions": core_versions(),
         }
 
     def key(self, template: Backend, role: str) -> str | None:
@@ -97,6 +100,18 @@ class ResultCache:
             logger.warning("Could not store the tuning result of %s in %s: %s", row.backend, self.folder, exc)
 
 
+def _measured_on(task: GraphTask) -> dict[str, Any] | None:
+    """The CPU an isolated executor measures ``task`` on when it is not this machine (a Ray hardware class: results
+    measured on one class are reused for that class only); None: this machine, or no executor is reachable."""
+    executor = task.executor
+    if executor is None or not executor.isolated:
+        return None
+    try:
+        return executor.hardware()
+    except WorkerError:  # the graph is tuned in this process then (the executor's share fails the same way)
+        return None
+
+
 def _row(data: Any) -> CandidateReport:
     if not isinstance(data, dict):
         raise ValueError("the row is not an object")
@@ -117,13 +132,22 @@ class ReusedResults:
     # From MeasuringStrategy / TuneStrategy (not defined here, so the MRO finds theirs): ``_pick(sweep)`` and
     # ``try_backend(template, task, role)``.
 
+    def tune(self, task: GraphTask) -> Backend:
+        """Note the hardware ``task.executor`` measures on (for the keys), then tune as the strategy does."""
+        self._measured_on = _measured_on(task)
+        return super().tune(task)  # type: ignore[misc]
+
     def _settings(self, plan: Plan, screen: Plan | None) -> dict[str, Any]:
         """What a stored result depends on besides weights, graph, backend and environment."""
         profiling = {f.name: getattr(self.profiling, f.name) for f in fields(self.profiling)
                      if f.name != "clock"}  # which clock measured does not change the result
-        return {"strategy": type(self).__name__, "profiling": profiling, "fidelity": repr(self.fidelity),
-                "batch_sizes": plan.batch_sizes, "batched": plan.batched,
-                "screen": screen.batch_sizes if screen is not None else None}
+        settings = {"strategy": type(self).__name__, "profiling": profiling, "fidelity": repr(self.fidelity),
+                    "batch_sizes": plan.batch_sizes, "batched": plan.batched,
+                    "screen": screen.batch_sizes if screen is not None else None}
+        measured_on = getattr(self, "_measured_on", None)
+        if measured_on is not None:  # only then: keys of results measured here stay as they were
+            settings["measured_on"] = measured_on
+        return settings
 
     def _reused(self, task: GraphTask, role: str, row: CandidateReport, sweep: SweepResult | None) -> Evaluation:
         """An evaluation from the result cache: its row goes into the report, marked ``reused``."""
