@@ -94,6 +94,7 @@ def run_demo(out_dir: str | Path, quick: bool = False) -> DemoResult:
     """
     import torch_tweak.torch as tt
     from torch_tweak.tiny_models import small_encoder
+    from torch_tweak.torch.executor import resolve_executor
     from torch_tweak.utils.permissions import secure_mkdir
 
     out = secure_mkdir(Path(out_dir).expanduser())
@@ -102,8 +103,9 @@ def run_demo(out_dir: str | Path, quick: bool = False) -> DemoResult:
     encoder_model, sentences = small_encoder()
     cnn = tt.Module(cnn_model, name="demo_cnn", strategy=_strategy(quick))
     encoder = tt.Module(encoder_model, name="demo_encoder", strategy=_strategy(quick))
-    reports = [tt.tune(cnn, images * 2, batch_sizes=[1, 2, 4]),
-               tt.tune(encoder, sentences, batch_sizes=[1, 2])]
+    with resolve_executor(tt.config.executor)[0] as executor:  # one worker process serves both tunes
+        reports = [tt.tune(cnn, images * 2, batch_sizes=[1, 2, 4], executor=executor),
+                   tt.tune(encoder, sentences, batch_sizes=[1, 2], executor=executor)]
     report = combine(reports)
     logger.info("Demo tuned in %.1fs", time.perf_counter() - start)
     json_path = out / "report.json"
