@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("torch_tweak.errors", "torch_tweak.__version__", "torch_tweak.utils"),
     ("torch_tweak.torch.config", "torch_tweak.torch._device", "torch_tweak.torch.cache", "torch_tweak.torch.cache_limit",
      "torch_tweak.torch.progress",
-     "torch_tweak.torch.environment"),
+     "torch_tweak.torch.environment", "torch_tweak.torch.executor"),
     ("torch_tweak.torch.module", "torch_tweak.torch.integrations"),
     ("torch_tweak.torch.backend", "torch_tweak.torch.fidelity", "torch_tweak.torch.fidelity_metrics",
      "torch_tweak.torch.fidelity_probes",
