@@ -147,3 +147,25 @@ def test_a_script_without_a_main_guard_gets_an_error_that_says_how_to_fix_it(tmp
     assert done.returncode == 0, done.stderr[-2000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("MODULE"))
     assert "passthrough" in line and "WorkerError" in line and "if __name__ == '__main__'" in line
+
+
+def test_classes_from_an_interactive_session_are_tuned_in_process(tmp_path):
+    code = (
+        "import torch\n"
+        "import torch_tweak.torch as tt\n"
+        "from torch_tweak.torch.backend import TorchEagerBackend\n"
+        "class Mine(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.lin = torch.nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        return self.lin(x)\n"
+        "m = tt.Module(Mine(), name='mine', strategy=tt.HighestThroughputStrategy([TorchEagerBackend()]))\n"
+        "report = tt.tune(m, [torch.randn(4) for _ in range(3)], executor='process')\n"
+        "print('GRAPH', report.modules[0].status, report.modules[0].graphs[0].executor)\n"
+    )
+    env = {**os.environ, "TORCH_TWEAK_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("GRAPH"))
+    assert "tuned" in line and "inline: " in line and "interactive session" in line and "['Mine']" in line

@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -160,6 +161,40 @@ class _Discard:
         return len(data)
 
 
+class _Check(pickle.Pickler):
+    """Pickles into :class:`_Discard` and notes the classes and functions defined in ``__main__``."""
+
+    def __init__(self) -> None:
+        super().__init__(_Discard(), protocol=pickle.HIGHEST_PROTOCOL)
+        self.from_main: set[str] = set()
+
+    def persistent_id(self, obj: Any) -> None:
+        kind = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__") else type(obj)
+        if getattr(kind, "__module__", None) == "__main__":
+            self.from_main.add(getattr(kind, "__qualname__", repr(kind)))
+        return None
+
+
+def check_sendable(context: Any) -> None:
+    """Raise :class:`WorkerError` unless a spawned worker can unpickle ``context``: it pickles, and what it
+    takes from ``__main__`` can be imported there (``__main__`` is a file, not a notebook or ``python -c``)."""
+    checker = _Check()
+    try:
+        checker.dump(context)
+    except Exception as exc:
+        raise WorkerError(
+            f"The module cannot be sent to a worker process: pickling it failed ({type(exc).__name__}: {exc}). "
+            "Make the module picklable, or pass executor='inline' to tune it in this process."
+        ) from exc
+    main = sys.modules.get("__main__")
+    if checker.from_main and getattr(main, "__file__", None) is None:
+        raise WorkerError(
+            f"The module cannot be sent to a worker process: {sorted(checker.from_main)} are defined in an "
+            "interactive session (a notebook, a REPL or `python -c`), which a worker cannot import. Move them into "
+            "a module or a script file, or pass executor='inline'."
+        )
+
+
 class _Lazy(Pending):
     def __init__(self, run: Callable[[], Outcome]) -> None:
         self._run: Callable[[], Outcome] | None = run
@@ -213,13 +248,7 @@ class ProcessExecutor(Executor):
         """Check that ``context`` can be sent (pickled, into a sink that keeps nothing); raises
         :class:`WorkerError` if not. The worker starts, and the context is sent, with the first unit of work."""
         shared = super().share(context)
-        try:
-            pickle.Pickler(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(context)
-        except Exception as exc:
-            raise WorkerError(
-                f"The module cannot be sent to a worker process: pickling it failed ({type(exc).__name__}: {exc}). "
-                "Make the module picklable, or pass executor='inline' to tune it in this process."
-            ) from exc
+        check_sendable(context)
         return shared
 
     def release(self, shared: Shared) -> None:
