@@ -15,7 +15,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch first, pinned: a plain `torch` requirement would otherwise pull a multi-GB CUDA build.
 .venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0"
-.venv/bin/pip install --quiet --disable-pip-version-check -e ".[openvino,torchao,onnxruntime,nncf,hf,report,signing,test,docs]" "torch==2.13.0"
+.venv/bin/pip install --quiet --disable-pip-version-check -e ".[openvino,torchao,onnxruntime,nncf,hf,report,signing,ray,test,docs]" "torch==2.13.0"
 export TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1
 
 case "$task" in

@@ -30,12 +30,10 @@ from typing import Any
 
 from torch_tweak.errors import ConfigError, WorkerError
 from torch_tweak.torch.executor import _ray_task
-from torch_tweak.torch.executor._ray_failures import describe_node, failure_from
+from torch_tweak.torch.executor._ray_cluster import choose_class, probe_nodes
+from torch_tweak.torch.executor._ray_watch import RayTask, Watcher
 from torch_tweak.torch.executor.base import (
-    ERROR,
-    TIMED_OUT,
     WRONG_HARDWARE,
-    Done,
     Executor,
     Failure,
     Outcome,
@@ -46,7 +44,6 @@ from torch_tweak.torch.executor.base import (
 logger = logging.getLogger(__name__)
 
 LABEL_AMOUNT = 0.001  # of the user's resource per task: any number of tasks fit; the label only picks nodes
-PROBE_TIMEOUT_S = 60.0
 
 
 class RayExecutor(Executor):
@@ -103,6 +100,7 @@ class RayExecutor(Executor):
         self._counts: Counter[str] = Counter()
         self._turn = itertools.count()
         self._remote: Any = None
+        self._watcher = Watcher(self._refuse, self._started)
 
     # the Executor interface ---------------------------------------------------------------------------
 
@@ -153,6 +151,8 @@ class RayExecutor(Executor):
         return self._refs[shared.token]
 
     def release(self, shared: Shared) -> None:
+        if self._connected:
+            self._watcher.cancel(shared.token)  # tasks whose results will not be read
         self._refs.pop(shared.token, None)  # Ray frees the object once no task holds it
 
     def submit(self, shared: Shared, fn: Callable[..., Any], args: tuple[Any, ...], *,
@@ -171,7 +171,9 @@ class RayExecutor(Executor):
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
         generator = self._remote.options(**options).remote([ref], f"{self._caller}:{ref.hex()}", fn, args,
                                                            self._threads)
-        return _RayPending(self, generator, time_limit_s, label)
+        task = RayTask(generator, time_limit_s, label, shared.token)
+        self._watcher.add(task)
+        return _RayPending(self._watcher, task)
 
     def nodes(self) -> list[dict[str, Any]]:
         """The class's nodes and any other node that ran work: host, IP, CPU, ISA, class, candidates run."""
@@ -182,6 +184,9 @@ class RayExecutor(Executor):
     def close(self) -> None:
         """Drop this executor's objects; shut Ray down if this executor started it."""
         owns = self._owns_ray
+        if self._connected:
+            for token in {task.token for task in self._watcher.running}:
+                self._watcher.cancel(token)
         self._reset()
         if owns:
             import ray
@@ -215,101 +220,38 @@ class RayExecutor(Executor):
         self._connected = True
 
     def _probe(self, ray: Any) -> None:
-        """Learn every usable node's CPU (one tiny task per node) and choose the hardware class to run on."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        alive = [n for n in ray.nodes() if n.get("Alive")]
-        if self.hardware_class:
-            alive = [n for n in alive if n.get("Resources", {}).get(self.hardware_class, 0) > 0]
-            if not alive:
-                raise WorkerError(
-                    f"No live node of the Ray cluster has the resource '{self.hardware_class}' (hardware_class). "
-                    f"Start the nodes of that class with `ray start ... --resources='{{\"{self.hardware_class}\": "
-                    "1}'`, or pass hardware_class=None to group nodes by CPU model and ISA flags.")
-        probe = ray.remote(num_cpus=0, max_retries=0)(_ray_task.probe)
-        refs = {n["NodeID"]: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-                .remote() for n in alive}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
-        cpus = {n["NodeID"]: int(n.get("Resources", {}).get("CPU", 0)) for n in alive}
-        for node_id, ref in refs.items():
-            try:
-                info = ray.get(ref) if ref in ready else None
-            except ray.exceptions.RayError as exc:
-                info, why = None, f"{type(exc).__name__}: {exc}"
-            else:
-                why = f"no answer within {PROBE_TIMEOUT_S:g} s"
-            if info is None:
-                logger.warning("Ray node %s is not used for tuning: %s", node_id, why)
-                continue
-            self._nodes[node_id] = {**info, "cpus": cpus.get(node_id, 0)}
-        if not self._nodes:
-            raise WorkerError("No node of the Ray cluster answered; check `ray status` on the head node.")
-        self._choose_class()
-
-    def _choose_class(self) -> None:
-        totals: Counter[str] = Counter()
-        for node in self._nodes.values():
-            totals[node["class"]] += node["cpus"]
-        self._class = max(totals, key=lambda c: totals[c])  # most CPUs; ties: the first node's class
-        members = [n for n in self._nodes.values() if n["class"] == self._class]
-        if len(totals) > 1:
-            self._pinned = [n["node_id"] for n in members]
-            others = "; ".join(f"{c}: {next(n for n in self._nodes.values() if n['class'] == c)['cpu']}"
-                               for c in totals if c != self._class)
-            logger.warning("The Ray nodes%s have %d hardware classes; candidates run only on class %s (%s, %d node(s)), "
-                           "the others (%s) are not used, as their measurements would not compare. Label each class "
-                           "with a custom resource and pass RayExecutor(hardware_class=...) to choose.",
-                           f" labelled '{self.hardware_class}'" if self.hardware_class else "", len(totals),
-                           self._class, members[0]["cpu"], len(members), others)
-        smallest = min(n["cpus"] for n in members) or 1
+        """Learn every usable node's CPU and choose the hardware class to run on."""
         import torch
 
+        self._nodes = probe_nodes(ray, self.hardware_class)
+        self._class, self._pinned = choose_class(self._nodes, self.hardware_class)
+        members = [n for n in self._nodes.values() if n["class"] == self._class]
+        smallest = min(n["cpus"] for n in members) or 1
         wanted = self.num_threads or torch.get_num_threads()
         if wanted > smallest and self.num_threads is not None:
             raise WorkerError(f"RayExecutor(num_threads={wanted}): the nodes of hardware class {self._class} have as "
                               f"few as {smallest} CPUs, so no task could be placed; pass num_threads <= {smallest}.")
         self._threads = min(wanted, smallest)
 
-    def _collect(self, generator: Any, time_limit_s: float | None, label: str) -> Outcome:
-        import ray
+    def _refuse(self, node: dict[str, Any], task: RayTask) -> Failure | None:
+        """A :data:`WRONG_HARDWARE` failure when ``task`` started on a node outside this run's hardware class."""
+        if node["class"] == self._class:
+            return None
+        expected = next(n for n in self._nodes.values() if n["class"] == self._class)
+        return Failure(WRONG_HARDWARE, (
+            f"{task.label}: its task reached {task.worker}, hardware class {node['class']} ({node['cpu']}), but this "
+            f"run measures on class {self._class} ({expected['cpu']}); measurements on different CPUs do not compare, "
+            "so it was stopped. Label the nodes of one class with a custom resource and pass "
+            "RayExecutor(hardware_class=...)"), task.worker)
 
-        worker = "a Ray worker"
-        try:
-            kind, node = ray.get(next(generator))
-            worker = describe_node(node)
-            self._nodes.setdefault(node["node_id"], {**node, "cpus": 0})
-            self._counts[node["node_id"]] += 1
-            logger.info("%s: on Ray node %s", label, worker)
-            if node["class"] != self._class:
-                ray.cancel(generator, force=True)
-                expected = next(n for n in self._nodes.values() if n["class"] == self._class)
-                return Failure(WRONG_HARDWARE, (
-                    f"{label}: its task reached {worker}, hardware class {node['class']} ({node['cpu']}), but this "
-                    f"run measures on class {self._class} ({expected['cpu']}); measurements on different CPUs do not "
-                    "compare, so it was stopped. Label the nodes of one class with a custom resource and pass "
-                    "RayExecutor(hardware_class=...)"), worker)
-            ready, _ = ray.wait([generator], timeout=time_limit_s)
-            if not ready:
-                ray.cancel(generator, force=True)
-                return Failure(TIMED_OUT, f"{label}: did not finish within {time_limit_s:g} s; its Ray task on "
-                                          f"{worker} was cancelled (its worker process killed)", worker)
-            kind, value = ray.get(next(generator))
-        except StopIteration:
-            return Failure(ERROR, f"{label}: its Ray task on {worker} ended without a result", worker)
-        except ray.exceptions.RayError as exc:
-            return failure_from(exc, label, worker)
-        if kind == "done":
-            return Done(value, worker)
-        return Failure(ERROR, f"{label} raised on {worker}: {value}", worker)
+    def _started(self, node: dict[str, Any]) -> None:
+        self._nodes.setdefault(node["node_id"], {**node, "cpus": 0})
+        self._counts[node["node_id"]] += 1
 
 
 class _RayPending(Pending):
-    def __init__(self, executor: RayExecutor, generator: Any, time_limit_s: float | None, label: str) -> None:
-        self._executor, self._generator, self._time_limit_s, self._label = executor, generator, time_limit_s, label
-        self._outcome: Outcome | None = None
+    def __init__(self, watcher: Watcher, task: RayTask) -> None:
+        self._watcher, self._task = watcher, task
 
     def result(self) -> Outcome:
-        if self._outcome is None:
-            self._outcome = self._executor._collect(self._generator, self._time_limit_s, self._label)
-            self._generator = None
-        return self._outcome
+        return self._watcher.wait_for(self._task)
