@@ -1,6 +1,7 @@
 """What tuning costs: wall time and peak RSS of a first run, a second run and a run resumed after kill -9.
 
     python benchmarks/tuning_cost.py [--workloads demo_cnn,demo_encoder] [--kill-after 0.5] [--out FILE.md]
+                                     [--executor process|inline|ray]
 
 Each run is a fresh process tuning one demo model (``torch_tweak.demo``) with the default strategy
 (``HighestThroughputStrategy`` over every backend available here):
@@ -11,8 +12,12 @@ Each run is a fresh process tuning one demo model (``torch_tweak.demo``) with th
   run's wall time, then tuned again in that folder (only what had not finished is built).
 
 Ratios are against the first run measured in the same invocation (machines here are noisy). Each row
-also names the chosen backend, so a faster run that chose worse shows. The CPU model and ISA flags head
-the output.
+also names the chosen backend, so a faster run that chose worse shows. The CPU model, ISA flags and the
+executor head the output.
+
+``--executor ray`` starts a local Ray cluster (2 CPUs) once in this process; each tuning process connects to
+it and tunes with ``RayExecutor``. On one machine this shows only what Ray adds (connecting, scheduling,
+moving the module through the object store) over the process executor, never a speed-up.
 """
 
 from __future__ import annotations
@@ -29,10 +34,19 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+RAY_ADDRESS = "TUNING_COST_RAY_ADDRESS"  # the local cluster's address, for the tuning processes
 WORKLOADS = ("demo_cnn", "demo_encoder")
 
 
-def child(workload: str, cache: str) -> None:
+def _executor(name: str) -> object:
+    if name != "ray":
+        return name
+    from torch_tweak.torch.executor import RayExecutor
+
+    return RayExecutor(address=os.environ[RAY_ADDRESS])
+
+
+def child(workload: str, cache: str, executor: str) -> None:
     """Tune ``workload`` with ``cache`` as the cache folder; print one JSON line."""
     import torch_tweak.torch as tt
     from torch_tweak.demo import small_cnn
@@ -47,7 +61,7 @@ def child(workload: str, cache: str) -> None:
         model, data = small_encoder()
         sizes = [1, 2]
     wrapped = tt.Module(model, name=workload, strategy=tt.HighestThroughputStrategy())
-    report = tt.tune(wrapped, data, batch_sizes=sizes)
+    report = tt.tune(wrapped, data, batch_sizes=sizes, executor=_executor(executor))
     graph = report.modules[0].graphs[0]
     rows = graph.candidates
     print(json.dumps({
@@ -60,8 +74,8 @@ def child(workload: str, cache: str) -> None:
     }))
 
 
-def _run(workload: str, cache: str, kill_after: float | None = None) -> dict | None:
-    command = [sys.executable, __file__, "--child", workload, cache]
+def _run(workload: str, cache: str, executor: str, kill_after: float | None = None) -> dict | None:
+    command = [sys.executable, __file__, "--child", workload, cache, executor]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     if kill_after is not None:
@@ -87,7 +101,9 @@ def _cpu() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "CACHE"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=3, metavar=("WORKLOAD", "CACHE", "EXECUTOR"), help=argparse.SUPPRESS)
+    parser.add_argument("--executor", choices=("process", "inline", "ray"), default="process",
+                        help="where candidates are built and measured (ray: a local cluster started here)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--kill-after", type=float, default=0.5, help="fraction of the first run before SIGKILL")
     parser.add_argument("--out", help="also write the table to this Markdown file")
@@ -95,15 +111,22 @@ def main() -> None:
     if args.child:
         child(*args.child)
         return
-    lines = [f"CPU: {_cpu()}; load average at start {os.getloadavg()[0]:.1f}", "",
+    executor = args.executor
+    if executor == "ray":
+        import ray
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        os.environ[RAY_ADDRESS] = ray.get_runtime_context().gcs_address
+        executor = "ray (a local cluster, 2 CPUs)"
+    lines = [f"CPU: {_cpu()}; executor: {executor}; load average at start {os.getloadavg()[0]:.1f}", "",
              "| workload | run | wall s | x first | peak RSS MB | reused rows | chosen (throughput) |",
              "|---|---|---|---|---|---|---|"]
     for workload in args.workloads.split(","):
         with tempfile.TemporaryDirectory() as first_cache, tempfile.TemporaryDirectory() as resumed_cache:
-            first = _run(workload, first_cache)
-            second = _run(workload, first_cache)
-            _run(workload, resumed_cache, kill_after=first["wall_s"] * args.kill_after)
-            resumed = _run(workload, resumed_cache)
+            first = _run(workload, first_cache, args.executor)
+            second = _run(workload, first_cache, args.executor)
+            _run(workload, resumed_cache, args.executor, kill_after=first["wall_s"] * args.kill_after)
+            resumed = _run(workload, resumed_cache, args.executor)
         for name, result in (("first", first), ("second", second), ("resumed after kill", resumed)):
             lines.append(f"| {workload} | {name} | {result['wall_s']:.1f} | {result['wall_s'] / first['wall_s']:.2f} | "
                          f"{result['peak_rss_mb']:.0f} | {result['reused']}/{result['candidates']} | "

@@ -1,10 +1,11 @@
 """Watching the Ray tasks of :class:`~torch_tweak.torch.executor.ray_executor.RayExecutor` while they run.
 
-Why: the strategies submit a graph's candidates at once and collect them in order, but Ray starts them in any
-order. While the caller waits for one, another may have started and hung, so every running task is watched at
-once: when its ``("started", node)`` item arrives it is logged, counted for its node and checked for its
-hardware class, and from then its time limit runs; a task past its limit is cancelled (its worker killed). Ray
-is imported only inside the methods.
+Why: the strategies submit a graph's candidates at once and collect them in order (storing each result as it is
+collected, so that a killed run resumes), but Ray starts queued tasks in any order. So only as many tasks are
+handed to Ray as the hardware class has room for (``capacity``), the rest wait here in submission order; and
+while the caller waits for one, every running task is watched: when its ``("started", node)`` item arrives it
+is logged, counted for its node and checked for its hardware class, and from then its time limit runs; a task
+past its limit is cancelled (its worker killed). Ray is imported only inside the methods.
 """
 
 from __future__ import annotations
@@ -25,15 +26,17 @@ POLL_S = 0.2
 
 @dataclass(eq=False)
 class RayTask:
-    """One submitted unit: its Ray generator, limit, label, the context token, and what is known so far."""
+    """One submitted unit: how to start it (returns its Ray generator), limit, label, the context token, and
+    what is known so far."""
 
-    generator: Any
+    launch: Callable[[], Any]
     time_limit_s: float | None
     label: str
     token: int
     started_at: float | None = None
     worker: str = "a Ray worker"
     outcome: Outcome | None = None
+    generator: Any = None
 
 
 class Watcher:
@@ -44,15 +47,28 @@ class Watcher:
                  started: Callable[[dict[str, Any]], None]) -> None:
         self._check, self._started = check, started
         self.running: list[RayTask] = []
+        self.queued: list[RayTask] = []
+        self.capacity = 1
 
     def add(self, task: RayTask) -> None:
-        self.running.append(task)
+        self.queued.append(task)
+        self._launch()
+
+    def _launch(self) -> None:
+        while self.queued and len(self.running) < self.capacity:
+            task = self.queued.pop(0)
+            task.generator = task.launch()
+            self.running.append(task)
 
     def wait_for(self, task: RayTask) -> Outcome:
         """Watch every running task until ``task`` has its outcome."""
         import ray
 
+        if task in self.queued:  # what the caller waits for goes to Ray next
+            self.queued.remove(task)
+            self.queued.insert(0, task)
         while task.outcome is None:
+            self._launch()
             if not self._poll(ray):
                 try:
                     ray.wait([t.generator for t in self.running], num_returns=1, timeout=POLL_S)
@@ -64,6 +80,9 @@ class Watcher:
         """Stop the tasks still running against context ``token`` (their results will not be read)."""
         import ray
 
+        for task in [t for t in self.queued if t.token == token]:
+            self.queued.remove(task)
+            task.outcome = Failure(ERROR, f"{task.label}: not needed any more", task.worker)
         for task in [t for t in self.running if t.token == token]:
             ray.cancel(task.generator, force=True)
             self._finish(task, Failure(ERROR, f"{task.label}: not needed any more", task.worker))

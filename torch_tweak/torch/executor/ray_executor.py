@@ -3,8 +3,8 @@
 Why: teams that tune many models, or pipelines whose modules take minutes each, already run Ray; tuning uses
 their cluster instead of a scheduler of its own (``tt.tune(..., executor=RayExecutor(address=...))``).
 
-What moves: a graph's context (module weights, recorded samples, strategy settings), pickled by torch_tweak,
-goes into Ray's object store once (:meth:`RayExecutor.share`); every candidate task gets a reference to it, and
+What moves: a graph's context (module weights, recorded samples, strategy settings), pickled by torch_tweak
+(with Ray's cloudpickle, so classes defined in the tuning script travel too), goes into Ray's object store once (:meth:`RayExecutor.share`); every candidate task gets a reference to it, and
 each worker process unpickles it once (:mod:`~torch_tweak.torch.executor._ray_task`). A task sends back the
 candidate's report row and measurements; the built backend stays on the worker, and the winner is built again
 in the caller (with ``shared_cache_dir`` its converted files are on shared storage and are reused).
@@ -111,7 +111,7 @@ class RayExecutor(Executor):
         members = [n for n in self._nodes.values() if n["class"] == self._class]
         label = f" '{self.hardware_class}'" if self.hardware_class else ""
         return (f"ray ({where}; hardware class{label} {self._class}: {members[0]['cpu']}, {len(members)} node(s), "
-                f"{self._threads} thread(s) per candidate)")
+                f"{self._threads} thread(s) per candidate, {self._watcher.capacity} at a time)")
 
     def hardware(self) -> dict[str, Any] | None:
         self._connect()
@@ -140,9 +140,10 @@ class RayExecutor(Executor):
         import pickle
 
         import ray
+        from ray import cloudpickle  # classes of the tuning script travel by value: Ray workers never import it
 
         try:
-            blob = pickle.dumps(shared.context, protocol=pickle.HIGHEST_PROTOCOL)
+            blob = cloudpickle.dumps(shared.context, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:
             raise WorkerError(
                 f"The module cannot be sent to Ray workers: pickling it failed ({type(exc).__name__}: {exc}). "
@@ -169,9 +170,8 @@ class RayExecutor(Executor):
         if self._pinned:
             node = self._pinned[next(self._turn) % len(self._pinned)]
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-        generator = self._remote.options(**options).remote([ref], f"{self._caller}:{ref.hex()}", fn, args,
-                                                           self._threads)
-        task = RayTask(generator, time_limit_s, label, shared.token)
+        remote, key, threads = self._remote.options(**options), f"{self._caller}:{ref.hex()}", self._threads
+        task = RayTask(lambda: remote.remote([ref], key, fn, args, threads), time_limit_s, label, shared.token)
         self._watcher.add(task)
         return _RayPending(self._watcher, task)
 
@@ -185,7 +185,7 @@ class RayExecutor(Executor):
         """Drop this executor's objects; shut Ray down if this executor started it."""
         owns = self._owns_ray
         if self._connected:
-            for token in {task.token for task in self._watcher.running}:
+            for token in {task.token for task in [*self._watcher.running, *self._watcher.queued]}:
                 self._watcher.cancel(token)
         self._reset()
         if owns:
@@ -232,6 +232,7 @@ class RayExecutor(Executor):
             raise WorkerError(f"RayExecutor(num_threads={wanted}): the nodes of hardware class {self._class} have as "
                               f"few as {smallest} CPUs, so no task could be placed; pass num_threads <= {smallest}.")
         self._threads = min(wanted, smallest)
+        self._watcher.capacity = max(1, sum(n["cpus"] // self._threads for n in members))
 
     def _refuse(self, node: dict[str, Any], task: RayTask) -> Failure | None:
         """A :data:`WRONG_HARDWARE` failure when ``task`` started on a node outside this run's hardware class."""
