@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up the project's virtual environment (idempotent) and run one task.
 #   scripts/dev.sh demo          install, then run `torch-tweak demo`
-#   scripts/dev.sh test [ARGS]   install, then run ruff and the test suite (extra ARGS go to pytest)
+#   scripts/dev.sh test [ARGS]   install, then run ruff and the test suite on 2 workers (extra ARGS go to pytest;
+#                                TT_TEST_WORKERS=0 runs it in one process)
 #   scripts/dev.sh examples      install, then run every script under examples/ (fast mode where it has one)
 #   scripts/dev.sh docs          install, then build the documentation site into site/ (warnings are errors)
 #   scripts/dev.sh setup         install only
@@ -23,7 +24,9 @@ case "$task" in
     demo) .venv/bin/torch-tweak demo "$@" ;;
     test)
         .venv/bin/ruff check torch_tweak tests benchmarks examples
-        .venv/bin/python -m pytest -q "$@"
+        # Two workers (pytest-xdist), one test file each at a time: most of a test's time is single-threaded
+        # tracing and compiling, so the 2-core machines run the suite in about two thirds of the time.
+        .venv/bin/python -m pytest -q -n "${TT_TEST_WORKERS:-2}" --dist loadfile "$@"
         ;;
     examples)
         # Every example must be listed here with the arguments CI gives it.

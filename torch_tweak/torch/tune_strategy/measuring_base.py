@@ -271,13 +271,13 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, TuneS
                 if executor is None or shared is None:
                     evaluation = self._evaluate(template, task, role, own_plan)
                 else:
+                    pending = prefetched.pop(template.key(), None) or \
+                        self._submit(executor, shared, template, task, role, own_plan)
                     if executor.concurrent and not prefetched:  # submit the rest now: they run in parallel
                         for other, other_role in queue:
                             other_plan = plan if screen is None or other_role == BASELINE else screen
                             prefetched[other.key()] = self._submit(executor, shared, other, task, other_role,
                                                                    other_plan)
-                    pending = prefetched.pop(template.key(), None) or \
-                        self._submit(executor, shared, template, task, role, own_plan)
                     evaluation = self._evaluate_isolated(pending, template, task, role)
                 self._costs.note(template, time.perf_counter() - started)
                 if cache is not None:
