@@ -62,16 +62,38 @@ def child(workload: str, cache: str, executor: str) -> None:
         sizes = [1, 2]
     wrapped = tt.Module(model, name=workload, strategy=tt.HighestThroughputStrategy())
     report = tt.tune(wrapped, data, batch_sizes=sizes, executor=_executor(executor))
+    tuned_s = time.perf_counter() - start
+    tt.save(wrapped, Path(cache) / f"{workload}.tt")
     graph = report.modules[0].graphs[0]
     rows = graph.candidates
     print(json.dumps({
-        "wall_s": time.perf_counter() - start,
+        "wall_s": tuned_s,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        # the largest finished child: the worker process of the process executor (its compile helpers aside)
+        "worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         "chosen": graph.chosen,
         "reused": sum(1 for r in rows if r.reused),
         "candidates": len(rows),
         "chosen_throughput": next((r.throughput for r in rows if r.status == "chosen"), None),
     }))
+
+
+def serve(workload: str, cache: str) -> None:
+    """Load the checkpoint the first run saved into a fresh model and run it: the serving process's peak RSS."""
+    import torch
+
+    import torch_tweak.torch as tt
+    from torch_tweak.demo import small_cnn
+    from torch_tweak.tiny_models import small_encoder
+
+    model, data = small_cnn() if workload == "demo_cnn" else small_encoder()
+    loaded = tt.load(model, Path(cache) / f"{workload}.tt", trust_native_code=True)
+    from torch_tweak.torch.dataset import dataset_items, iter_batches
+
+    with torch.no_grad():
+        for args, kwargs in iter_batches(dataset_items(data), 1):
+            loaded(*args, **kwargs)
+    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
 def _run(workload: str, cache: str, executor: str, kill_after: float | None = None) -> dict | None:
@@ -91,6 +113,14 @@ def _run(workload: str, cache: str, executor: str, kill_after: float | None = No
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _serve(workload: str, cache: str) -> dict:
+    command = [sys.executable, __file__, "--serve", workload, cache]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if done.returncode != 0:
+        raise SystemExit(f"{workload}: the serving process failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def _cpu() -> str:
     from torch_tweak.torch.environment import cpu_info, isa_flags
 
@@ -102,6 +132,7 @@ def _cpu() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", nargs=3, metavar=("WORKLOAD", "CACHE", "EXECUTOR"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", nargs=2, metavar=("WORKLOAD", "CACHE"), help=argparse.SUPPRESS)
     parser.add_argument("--executor", choices=("process", "inline", "ray"), default="process",
                         help="where candidates are built and measured (ray: a local cluster started here)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -111,6 +142,9 @@ def main() -> None:
     if args.child:
         child(*args.child)
         return
+    if args.serve:
+        serve(*args.serve)
+        return
     executor = args.executor
     if executor == "ray":
         import ray
@@ -119,18 +153,23 @@ def main() -> None:
         os.environ[RAY_ADDRESS] = ray.get_runtime_context().gcs_address
         executor = "ray (a local cluster, 2 CPUs)"
     lines = [f"CPU: {_cpu()}; executor: {executor}; load average at start {os.getloadavg()[0]:.1f}", "",
-             "| workload | run | wall s | x first | peak RSS MB | reused rows | chosen (throughput) |",
-             "|---|---|---|---|---|---|---|"]
+             "| workload | run | wall s | x first | tuning process peak RSS MB | worker peak RSS MB | reused rows | "
+             "chosen (throughput) |",
+             "|---|---|---|---|---|---|---|---|"]
     for workload in args.workloads.split(","):
         with tempfile.TemporaryDirectory() as first_cache, tempfile.TemporaryDirectory() as resumed_cache:
             first = _run(workload, first_cache, args.executor)
+            serving = _serve(workload, first_cache)
             second = _run(workload, first_cache, args.executor)
             _run(workload, resumed_cache, args.executor, kill_after=first["wall_s"] * args.kill_after)
             resumed = _run(workload, resumed_cache, args.executor)
         for name, result in (("first", first), ("second", second), ("resumed after kill", resumed)):
             lines.append(f"| {workload} | {name} | {result['wall_s']:.1f} | {result['wall_s'] / first['wall_s']:.2f} | "
-                         f"{result['peak_rss_mb']:.0f} | {result['reused']}/{result['candidates']} | "
+                         f"{result['peak_rss_mb']:.0f} | {result['worker_rss_mb']:.0f} | "
+                         f"{result['reused']}/{result['candidates']} | "
                          f"{result['chosen']} ({result['chosen_throughput'] or 0:,.0f}/s) |")
+        lines.append(f"| {workload} | serving (tt.load of the first run's checkpoint, 4 calls) | | | "
+                     f"{serving['peak_rss_mb']:.0f} | | | |")
     lines.append(f"\nload average at end {os.getloadavg()[0]:.1f}")
     text = "\n".join(lines)
     print(text)
