@@ -169,3 +169,26 @@ def test_classes_from_an_interactive_session_are_tuned_in_process(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("GRAPH"))
     assert "tuned" in line and "inline: " in line and "interactive session" in line and "['Mine']" in line
+
+
+class BuildLogged(TorchEagerBackend):
+    """Eager; appends ``<pid>`` to the file named by $BUILD_LOG at every build (importable by the worker)."""
+
+    def _build(self, module, graph_spec, data, cache_dir):
+        with open(os.environ["BUILD_LOG"], "a") as log:
+            log.write(f"{os.getpid()}\n")
+        return super()._build(module, graph_spec, data, cache_dir)
+
+
+def test_a_screened_candidate_is_swept_without_building_it_again(tmp_path, monkeypatch):
+    log = tmp_path / "builds.txt"
+    monkeypatch.setenv("BUILD_LOG", str(log))
+    strategy = tt.HighestThroughputStrategy([TorchEagerBackend(), BuildLogged()], profiling=FAST, eager_margin=10.0,
+                                            screening=True, screening_margin=0.99, reuse_results=False)
+    wrapped = tt.Module(mlp(), name="screened", strategy=strategy)
+    report = tt.tune(wrapped, DATA, batch_sizes=[1, 2, 4], executor="process")  # screens at 1 and 4, sweeps 1, 2, 4
+    row = next(r for r in report.module("screened").graphs[0].candidates if r.backend == "BuildLogged()")
+    assert row.status == CandidateStatus.PASSED
+    assert row.measurements["batch_sizes"] == [1, 2, 4]
+    builds = log.read_text().split()
+    assert len(builds) == 1 and builds[0] != str(os.getpid())  # once, in the worker (eager stays: no rebuild here)

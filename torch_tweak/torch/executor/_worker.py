@@ -45,6 +45,13 @@ class _Forward(logging.Handler):
 
 def main(conn: Connection, num_threads: int, log_level: int) -> None:
     """Serve the parent until it says stop or goes away."""
+    import multiprocessing
+
+    # A spawned process inherits "spawn" as its default start method. Libraries that start helper processes
+    # (OpenVINO's telemetry starts one per event) would then start a whole interpreter that imports the caller's
+    # main script each time, stealing the cores from the measurements (measured: 7x slower small convolutions
+    # while OpenVINO converted). Restore the platform's default, as in any other process.
+    multiprocessing.set_start_method(multiprocessing.get_all_start_methods()[0], force=True)
     import torch
 
     torch.set_num_threads(num_threads)

@@ -79,13 +79,16 @@ class Executor(ABC):
     """Runs units of tuning work; see the module docstring.
 
     Subclasses set :attr:`name`, :attr:`isolated` (work runs outside this process, so a built backend cannot be
-    handed back: the strategy rebuilds the winner here) and :attr:`concurrent` (submissions run in parallel, so
-    a strategy may submit several candidates before waiting for the first).
+    handed back: the strategy rebuilds the winner here), :attr:`concurrent` (submissions run in parallel, so
+    a strategy may submit several candidates before waiting for the first) and :attr:`keeps_state`.
     """
 
     name = "executor"
     isolated = True
     concurrent = False
+    #: Units submitted against one context run in the same worker, one after the other, until it is replaced: a
+    #: unit may leave objects in the context for the next (a built candidate for its full sweep).
+    keeps_state = False
 
     def share(self, context: Any) -> Shared:
         """Register ``context`` (picklable) for the work submitted against it; shipped at most once per worker."""

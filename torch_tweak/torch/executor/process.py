@@ -24,7 +24,6 @@ import multiprocessing
 import os
 import pickle
 import signal
-import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -34,6 +33,7 @@ import torch
 
 from torch_tweak.errors import ConfigError, WorkerError
 from torch_tweak.torch.executor import _worker
+from torch_tweak.torch.executor._sendable import check_sendable
 from torch_tweak.torch.executor.base import (
     CRASHED,
     ERROR,
@@ -154,47 +154,6 @@ class _Worker:
         self.kill()
 
 
-class _Discard:
-    """A file that keeps nothing: pickling into it checks that an object pickles without holding its bytes."""
-
-    def write(self, data: bytes) -> int:
-        return len(data)
-
-
-class _Check(pickle.Pickler):
-    """Pickles into :class:`_Discard` and notes the classes and functions defined in ``__main__``."""
-
-    def __init__(self) -> None:
-        super().__init__(_Discard(), protocol=pickle.HIGHEST_PROTOCOL)
-        self.from_main: set[str] = set()
-
-    def persistent_id(self, obj: Any) -> None:
-        kind = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__") else type(obj)
-        if getattr(kind, "__module__", None) == "__main__":
-            self.from_main.add(getattr(kind, "__qualname__", repr(kind)))
-        return None
-
-
-def check_sendable(context: Any) -> None:
-    """Raise :class:`WorkerError` unless a spawned worker can unpickle ``context``: it pickles, and what it
-    takes from ``__main__`` can be imported there (``__main__`` is a file, not a notebook or ``python -c``)."""
-    checker = _Check()
-    try:
-        checker.dump(context)
-    except Exception as exc:
-        raise WorkerError(
-            f"The module cannot be sent to a worker process: pickling it failed ({type(exc).__name__}: {exc}). "
-            "Make the module picklable, or pass executor='inline' to tune it in this process."
-        ) from exc
-    main = sys.modules.get("__main__")
-    if checker.from_main and getattr(main, "__file__", None) is None:
-        raise WorkerError(
-            f"The module cannot be sent to a worker process: {sorted(checker.from_main)} are defined in an "
-            "interactive session (a notebook, a REPL or `python -c`), which a worker cannot import. Move them into "
-            "a module or a script file, or pass executor='inline'."
-        )
-
-
 class _Lazy(Pending):
     def __init__(self, run: Callable[[], Outcome]) -> None:
         self._run: Callable[[], Outcome] | None = run
@@ -220,6 +179,7 @@ class ProcessExecutor(Executor):
 
     name = "process"
     isolated = True
+    keeps_state = True
 
     def __init__(self, *, memory_limit_gb: float | None = None, num_threads: int | None = None) -> None:
         if memory_limit_gb is not None:

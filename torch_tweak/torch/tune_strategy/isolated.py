@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from torch_tweak.torch.profiling import SweepResult
 from torch_tweak.torch.report.report import CandidateReport, GraphReport
 from torch_tweak.torch.report.status import CandidateStatus
 from torch_tweak.torch.tune_strategy.base import CandidateFailedError, GraphTask, describe_task, release_quietly
-from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, selection_dict
+from torch_tweak.torch.tune_strategy.results import BASELINE, Evaluation, Plan, selection_dict
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +46,14 @@ class WorkerContext:
 
     strategy: Any
     task: GraphTask
+    #: Built candidates kept in the worker for their full sweep (``keep``), by backend key.
+    kept: dict[str, Backend] = field(default_factory=dict)
 
 
-def evaluate_candidate(context: WorkerContext, template: Backend, role: str,
-                       plan: Plan) -> tuple[CandidateReport, SweepResult | None]:
-    """In the worker: build, check and measure ``template`` like the strategy does in process; release it."""
+def evaluate_candidate(context: WorkerContext, template: Backend, role: str, plan: Plan,
+                       keep: bool = False) -> tuple[CandidateReport, SweepResult | None]:
+    """In the worker: build, check and measure ``template`` like the strategy does in process; release it, or
+    with ``keep`` hold it in the context for :func:`sweep_candidate` (screening measured it at two batch sizes)."""
     task = replace(context.task, report=GraphReport(name=context.task.report.name))
     if task.store is not None and not task.store.folder.is_dir():  # another machine: the caller's disk is not here
         logger.warning("%s: the recorded calls in %s are not on this machine; calibrating and judging with the "
@@ -60,8 +63,29 @@ def evaluate_candidate(context: WorkerContext, template: Backend, role: str,
         backend, sweep = context.strategy._build_and_measure(template, task, role, plan, None)
     except CandidateFailedError as failure:
         return failure.report, None
-    release_quietly(backend)
+    if keep:
+        context.kept[template.key()] = backend
+    else:
+        release_quietly(backend)
     return task.report.candidates[-1], sweep
+
+
+def sweep_candidate(context: WorkerContext, template: Backend, role: str, plan: Plan) -> SweepResult | None:
+    """In the worker: measure ``plan`` on the candidate kept from screening, or build, check and measure it again
+    (the worker was replaced since); the candidate is released afterwards."""
+    backend = context.kept.pop(template.key(), None)
+    if backend is None:
+        return evaluate_candidate(context, template, role, plan)[1]
+    try:
+        return context.strategy._measure_backend(backend, context.task, plan, None)
+    finally:
+        release_quietly(backend)
+
+
+def keep_only(context: WorkerContext, keys: list[str]) -> None:
+    """In the worker: release the kept candidates whose keys are not in ``keys`` (screened out, or tuning ended)."""
+    for key in [k for k in context.kept if k not in keys]:
+        release_quietly(context.kept.pop(key))
 
 
 def failure_row(template: Backend, role: str, failure: Failure, cache_dir: Path) -> CandidateReport:
@@ -109,10 +133,20 @@ class IsolatedCandidates:
         return executor, shared
 
     def _submit(self, executor: Executor, shared: Shared, template: Backend, task: GraphTask, role: str,
-                plan: Plan) -> Pending:
-        return executor.submit(shared, evaluate_candidate, (template, role, plan),
+                plan: Plan, keep: bool = False) -> Pending:
+        return executor.submit(shared, evaluate_candidate, (template, role, plan, keep and executor.keeps_state),
                                time_limit_s=self.candidate_time_limit_s,
                                label=f"{describe_task(task)} candidate {template.describe()}")
+
+    def _keep_only(self, executor: Executor, shared: Shared, evaluations: list[Evaluation], task: GraphTask) -> None:
+        """Let the worker release the candidates it keeps that are no longer swept (all, when none qualifies)."""
+        if not executor.keeps_state:
+            return
+        keys = [e.template.key() for e in evaluations if e.role != BASELINE and e.qualified and e.template is not None]
+        outcome = executor.submit(shared, keep_only, (keys,), time_limit_s=self.candidate_time_limit_s,
+                                  label=f"{describe_task(task)}: releasing screened-out candidates").result()
+        if isinstance(outcome, Failure):
+            logger.warning("%s: %s", describe_task(task), outcome.message)
 
     def _evaluate_isolated(self, pending: Pending, template: Backend, task: GraphTask, role: str) -> Evaluation:
         """The evaluation of a submitted candidate; its row goes into the graph's report."""
@@ -138,9 +172,11 @@ class IsolatedCandidates:
         """Every batch size of ``plan`` for a screened candidate, in a worker (None: it failed there this time,
         and keeps its screening measurements)."""
         assert evaluation.template is not None
-        outcome = self._submit(executor, shared, evaluation.template, task, evaluation.role, plan).result()
+        outcome = executor.submit(shared, sweep_candidate, (evaluation.template, evaluation.role, plan),
+                                  time_limit_s=self.candidate_time_limit_s,
+                                  label=f"{describe_task(task)} candidate {evaluation.template.describe()}").result()
         if isinstance(outcome, Failure):
             logger.warning("%s: sweeping %s failed: %s", describe_task(task), evaluation.row.backend, outcome.message)
             return None
-        _, sweep = outcome.value
+        sweep = outcome.value
         return sweep if sweep is not None and sweep.measurements else None

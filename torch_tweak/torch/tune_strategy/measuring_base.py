@@ -219,6 +219,8 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, TuneS
             evaluations = self._evaluate_all(task, plan, screen, cache, executor, shared)
             if screen is not None:
                 self._sweep_survivors(task, evaluations, plan, screen, cache, executor, shared)
+                if executor is not None and shared is not None:
+                    self._keep_only(executor, shared, [], task)
         finally:
             if executor is not None and shared is not None:
                 executor.release(shared)
@@ -272,7 +274,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, TuneS
                     evaluation = self._evaluate(template, task, role, own_plan)
                 else:
                     pending = prefetched.pop(template.key(), None) or \
-                        self._submit(executor, shared, template, task, role, own_plan)
+                        self._submit(executor, shared, template, task, role, own_plan, keep=own_plan is screen)
                     if executor.concurrent and not prefetched:  # submit the rest now: they run in parallel
                         for other, other_role in queue:
                             other_plan = plan if screen is None or other_role == BASELINE else screen
@@ -288,7 +290,10 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, TuneS
             if retry is not None:
                 queue.insert(0, (retry, role))
             if screen is not None:
+                qualified = sum(e.qualified for e in evaluations)
                 self._screen(evaluations, screen)
+                if executor is not None and shared is not None and sum(e.qualified for e in evaluations) < qualified:
+                    self._keep_only(executor, shared, evaluations, task)  # the worker drops the screened out
             else:
                 self._release_unneeded(evaluations, self._best(evaluations))
         return evaluations
