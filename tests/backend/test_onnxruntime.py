@@ -431,3 +431,21 @@ def test_save_and_load_in_a_fresh_process_without_exporting(tmp_path: Path) -> N
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert info["states"] == {"cnn": "TUNED"} and info["backends"] == {"cnn": ["ONNXRuntimeBackend"]}
     assert sum(info["compiles"].values()) == 0 and info["dynamo_frames"] == 0  # torch.onnx exports via torch.export
+
+
+def test_a_build_reuses_the_model_exported_from_the_same_weights_and_exports_again_after_a_change(tmp_path, caplog):
+    first, spec, samples, model = build("mlp", tmp_path)
+    onnx_file = tmp_path / "onnxruntime" / "model.onnx"
+    exported_at = onnx_file.stat().st_mtime_ns
+    with caplog.at_level("INFO", logger="torch_tweak"):
+        again = ONNXRuntimeBackend()
+        again.build(model, spec, [s.sample for s in samples], CPU, tmp_path)  # the chosen one, built again
+    assert onnx_file.stat().st_mtime_ns == exported_at and "Reusing the ONNX model" in caplog.text
+    x = samples[0].sample[0][0]
+    torch.testing.assert_close(again.infer(x), first.infer(x))
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # other weights: the stored model no longer fits
+    changed = ONNXRuntimeBackend()
+    changed.build(model, spec, [s.sample for s in samples], CPU, tmp_path)
+    assert onnx_file.stat().st_mtime_ns != exported_at
+    torch.testing.assert_close(changed.infer(x), model(x), rtol=1e-4, atol=1e-5)

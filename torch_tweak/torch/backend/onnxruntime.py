@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import BuildError, CheckpointError, UnsupportedDeviceError, UnsupportedInputError
+from torch_tweak.torch.backend._artifact_reuse import fingerprint, forget, matches, record
 from torch_tweak.torch.backend._export import CallLeaves
 from torch_tweak.torch.backend._onnx import export_onnx, quantize_int8_dynamic, require
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
@@ -217,16 +218,24 @@ class ONNXRuntimeBackend(Backend):
                              "bfloat16 inputs. Tune with float32 inputs, or use another backend for this module.")
         self._graph_spec = graph_spec
         folder = secure_mkdir(cache_dir / "onnxruntime")
-        for stale in folder.iterdir():  # a previous build's files: the folder holds one model
-            if stale.is_file():
-                stale.unlink()
-        if self._config.quantization is None:
-            model = export_onnx(module, graph_spec, data, folder / MODEL_NAME, cache_dir)
+        fp = fingerprint(module, graph_spec, self._config.to_dict(),
+                         {"torch": torch.__version__, "onnxruntime": import_onnxruntime().__version__})
+        model = folder / MODEL_NAME
+        if model.is_file() and matches(cache_dir, fp):  # built before from the same weights, graph and settings
+            self._logger.info("Reusing the ONNX model in %s (same weights, graph and settings)", folder)
         else:
-            exported = export_onnx(module, graph_spec, data, cache_dir / EXPORTED_NAME, cache_dir)
-            model = quantize_int8_dynamic(exported, folder / MODEL_NAME, cache_dir)
-            for path in (exported, exported.with_name(EXPORTED_NAME + ".data")):
-                path.unlink(missing_ok=True)  # the fp32 model is not used once quantized
+            forget(cache_dir)  # the fingerprint sits beside the model folder, which holds only the model's files
+            for stale in folder.iterdir():  # a previous build's files: the folder holds one model
+                if stale.is_file():
+                    stale.unlink()
+            if self._config.quantization is None:
+                model = export_onnx(module, graph_spec, data, model, cache_dir)
+            else:
+                exported = export_onnx(module, graph_spec, data, cache_dir / EXPORTED_NAME, cache_dir)
+                model = quantize_int8_dynamic(exported, model, cache_dir)
+                for path in (exported, exported.with_name(EXPORTED_NAME + ".data")):
+                    path.unlink(missing_ok=True)  # the fp32 model is not used once quantized
+            record(cache_dir, fp)
         external = [p.name for p in folder.iterdir() if p != model]
         self._model = folder if external else model  # weights over 2 GiB are external files beside the model
         self._load(building=True)

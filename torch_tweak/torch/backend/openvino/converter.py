@@ -11,8 +11,6 @@ position, whatever names the converter picks, and are then renamed after the ten
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import re
@@ -25,8 +23,9 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import BackendUnavailableError, ConversionError
+from torch_tweak.torch.backend._artifact_reuse import FINGERPRINT_NAME, forget, matches, record
+from torch_tweak.torch.backend._artifact_reuse import fingerprint as artifact_fingerprint
 from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
-from torch_tweak.torch.module.digest import weights_digest
 from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
 from torch_tweak.torch.module.tree import Sample
@@ -36,7 +35,6 @@ logger = logging.getLogger(__name__)
 
 OV_MODEL_XML_NAME = "model.xml"
 OV_MODEL_BIN_NAME = "model.bin"
-FINGERPRINT_NAME = "fingerprint.json"
 _OP_RE = re.compile(r"\b(?:aten|prim|quantized|torchvision)::[A-Za-z0-9_.]+")
 
 
@@ -127,38 +125,17 @@ def _apply_graph_spec(ov: Any, model: Any, graph_spec: GraphSpec) -> None:
 
 
 def fingerprint(module: nn.Module, graph_spec: GraphSpec, config: dict[str, Any]) -> str | None:
-    """A hash of everything the IR depends on; None if the graph cannot be described as JSON."""
+    """A hash of everything the IR depends on (:mod:`~torch_tweak.torch.backend._artifact_reuse`)."""
     ov = import_openvino()
-    digest = hashlib.sha256()
-    try:
-        head = {
-            "graph": graph_spec.to_dict(),
-            "config": config,
-            "module": f"{type(module).__module__}.{type(module).__qualname__}",
-            "torch": torch.__version__,
-            "openvino": ov.__version__,
-        }
-        digest.update(json.dumps(head, sort_keys=True, default=str).encode())
-    except Exception as exc:  # noqa: BLE001 - an undescribable graph only disables IR reuse
-        logger.debug("No IR fingerprint for graph %s: %s", graph_spec.name, exc)
-        return None
-    weights = weights_digest(module)
-    if weights is None:
-        return None
-    digest.update(weights.encode())
-    return digest.hexdigest()
+    return artifact_fingerprint(module, graph_spec, config, {"torch": torch.__version__, "openvino": ov.__version__})
 
 
 def cached_ir(ir_dir: Path, fp: str | None) -> Path | None:
     """The IR in ``ir_dir`` if it was saved with fingerprint ``fp`` and both files exist."""
     xml, bin_ = ir_dir / OV_MODEL_XML_NAME, ir_dir / OV_MODEL_BIN_NAME
-    if fp is None or not (xml.is_file() and bin_.is_file()):
+    if not (xml.is_file() and bin_.is_file()):
         return None
-    try:
-        saved = json.loads((ir_dir / FINGERPRINT_NAME).read_text(encoding="utf-8")).get("fingerprint")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return xml if saved == fp else None
+    return xml if matches(ir_dir, fp) else None
 
 
 def save_ir(model: Any, ir_dir: Path, fp: str | None) -> Path:
@@ -167,16 +144,14 @@ def save_ir(model: Any, ir_dir: Path, fp: str | None) -> Path:
     secure_mkdir(ir_dir)
     xml, bin_, fp_file = ir_dir / OV_MODEL_XML_NAME, ir_dir / OV_MODEL_BIN_NAME, ir_dir / FINGERPRINT_NAME
     tmp_xml, tmp_bin = ir_dir / "model.partial.xml", ir_dir / "model.partial.bin"
-    fp_file.unlink(missing_ok=True)
+    forget(ir_dir)
     try:
         ov.save_model(model, str(tmp_xml), compress_to_fp16=False)
         for path in (tmp_xml, tmp_bin):
             secure_file(path)
         os.replace(tmp_bin, bin_)
         os.replace(tmp_xml, xml)
-        if fp is not None:
-            fp_file.write_text(json.dumps({"fingerprint": fp}), encoding="utf-8")
-            secure_file(fp_file)
+        record(ir_dir, fp)
     except Exception as exc:
         for path in (tmp_xml, tmp_bin, xml, bin_, fp_file):
             path.unlink(missing_ok=True)
@@ -191,14 +166,13 @@ def copy_ir(source: Path, ir_dir: Path, fp: str) -> Path | None:
     fp_file = ir_dir / FINGERPRINT_NAME
     try:
         secure_mkdir(ir_dir)
-        fp_file.unlink(missing_ok=True)
+        forget(ir_dir)
         for name in (OV_MODEL_BIN_NAME, OV_MODEL_XML_NAME):
             partial = ir_dir / f"{name}.partial"
             shutil.copyfile(source / name, partial)
             secure_file(partial)
             os.replace(partial, ir_dir / name)
-        fp_file.write_text(json.dumps({"fingerprint": fp}), encoding="utf-8")
-        secure_file(fp_file)
+        record(ir_dir, fp)
     except OSError as exc:
         logger.debug("Could not copy the OpenVINO IR from %s to %s: %s", source, ir_dir, exc)
         for path in (fp_file, *(ir_dir / f"{n}.partial" for n in (OV_MODEL_BIN_NAME, OV_MODEL_XML_NAME))):
