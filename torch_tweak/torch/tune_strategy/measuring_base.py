@@ -212,7 +212,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, TuneS
         search_if_enabled(self, task)
         plan = self._plan(task)
         screen = screening_plan(plan) if self.screening else None
-        cache = ResultCache(task.module, task.graph_spec, self._settings(plan, screen)) \
+        cache = ResultCache(task.module, task.graph_spec, self._settings(plan, screen, task)) \
             if self.reuse_results else None
         executor, shared = self._open_executor(task)
         try:

@@ -132,19 +132,15 @@ class ReusedResults:
     # From MeasuringStrategy / TuneStrategy (not defined here, so the MRO finds theirs): ``_pick(sweep)`` and
     # ``try_backend(template, task, role)``.
 
-    def tune(self, task: GraphTask) -> Backend:
-        """Note the hardware ``task.executor`` measures on (for the keys), then tune as the strategy does."""
-        self._measured_on = _measured_on(task)
-        return super().tune(task)  # type: ignore[misc]
-
-    def _settings(self, plan: Plan, screen: Plan | None) -> dict[str, Any]:
-        """What a stored result depends on besides weights, graph, backend and environment."""
+    def _settings(self, plan: Plan, screen: Plan | None, task: GraphTask) -> dict[str, Any]:
+        """What a stored result depends on besides weights, graph, backend and environment (and, when
+        ``task.executor`` measures on another machine, that machine's CPU)."""
         profiling = {f.name: getattr(self.profiling, f.name) for f in fields(self.profiling)
                      if f.name != "clock"}  # which clock measured does not change the result
         settings = {"strategy": type(self).__name__, "profiling": profiling, "fidelity": repr(self.fidelity),
                     "batch_sizes": plan.batch_sizes, "batched": plan.batched,
                     "screen": screen.batch_sizes if screen is not None else None}
-        measured_on = getattr(self, "_measured_on", None)
+        measured_on = _measured_on(task)
         if measured_on is not None:  # only then: keys of results measured here stay as they were
             settings["measured_on"] = measured_on
         return settings
