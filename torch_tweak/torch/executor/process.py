@@ -123,18 +123,19 @@ class _Worker:
 
     def receive(self, timeout: float) -> tuple[Any, ...] | None:
         """The next reply (log records are passed to this process's loggers), or None after ``timeout``."""
-        try:
-            if not self.conn.poll(timeout):
+        while True:
+            try:
+                if not self.conn.poll(timeout):
+                    return None
+                message = pickle.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
                 return None
-            message = pickle.loads(self.conn.recv_bytes())
-        except (EOFError, OSError):
-            return None
-        if message[0] == "log":
+            if message[0] != "log":
+                return message
             record = logging.makeLogRecord(message[1])
             record.msg = f"[worker {self.name}] {record.msg}"
             logging.getLogger(record.name).handle(record)
-            return self.receive(0)
-        return message
+            timeout = 0  # a log record is not the reply: look at what else has arrived
 
     def send(self, message: tuple[Any, ...]) -> None:
         self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
