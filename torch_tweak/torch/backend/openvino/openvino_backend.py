@@ -64,7 +64,8 @@ class OpenVINOBackendConfig(BackendConfig):
             AMX/avx512_bf16), ``"f32"``, ``"bf16"`` or ``"f16"``.
         quantization: None (the converted float model), ``"int8"`` (weights and activations, calibrated with
             NNCF on the graph's recorded samples) or ``"int8_weights"`` (int8 weights only, NNCF weight
-            compression, LATENCY hint only); see :mod:`~torch_tweak.torch.backend.openvino.quantize`. Building
+            compression, LATENCY hint only, activations stay in float: run-time activation quantization is
+            turned off); see :mod:`~torch_tweak.torch.backend.openvino.quantize`. Building
             needs ``nncf``; loading a checkpoint does not. Other operations compute in ``inference_precision``.
     """
 
@@ -244,6 +245,10 @@ class OpenVINOBackend(Backend):
         config: dict[str, Any] = {"PERFORMANCE_HINT": self._config.performance_hint}
         if self._config.inference_precision is not None:
             config["INFERENCE_PRECISION_HINT"] = self._config.inference_precision
+        if self._config.quantization == "int8_weights":
+            # On CPUs with VNNI/AMX the plugin otherwise quantizes the activations of compressed-weight layers to
+            # int8 at run time (groups of 32), which one outlier channel ruins: weights-only must mean weights only.
+            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
         cache = _model_cache_dir(xml, building)
         if cache is not None:
             config["CACHE_DIR"] = str(cache)
