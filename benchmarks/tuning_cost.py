@@ -1,10 +1,13 @@
 """What tuning costs: wall time and peak RSS of a first run, a second run and a run resumed after kill -9.
 
-    python benchmarks/tuning_cost.py [--workloads demo_cnn,demo_encoder] [--kill-after 0.5] [--out FILE.md]
-                                     [--executor process|inline|ray]
+    python benchmarks/tuning_cost.py [--workloads demo_cnn,demo_encoder,mlp,resnet50,bert] [--kill-after 0.5]
+                                     [--executor process|inline|ray] [--peers-json FILE.json] [--out FILE.md]
 
-Each run is a fresh process tuning one demo model (``torch_tweak.demo``) with the default strategy
-(``HighestThroughputStrategy`` over every backend available here):
+Each run is a fresh process tuning one model with ``HighestThroughputStrategy`` over every backend available
+here. The demo models (``demo_cnn``, ``demo_encoder``: ``torch_tweak.demo``) use the strategy's default
+candidates; the peer workloads (``mlp``, ``resnet50``, ``resnet50_random``, ``bert``: ``benchmarks/peers/workloads.py``)
+are tuned exactly as ``benchmarks/peers.py --full`` tunes them (same weights recipe, the same
+``--tune-samples`` tuning samples, its tuning batch sizes, its candidates: the defaults plus Inductor AOT):
 
 * first: an empty cache folder;
 * second: the same cache folder again (results reused, only the chosen candidate built again);
@@ -14,6 +17,15 @@ Each run is a fresh process tuning one demo model (``torch_tweak.demo``) with th
 Ratios are against the first run measured in the same invocation (machines here are noisy). Each row
 also names the chosen backend, so a faster run that chose worse shows. The CPU model, ISA flags and the
 executor head the output.
+
+The tuning peers: ``--peers-json`` names a result file of ``benchmarks/peers.py`` (default: the newest
+``benchmarks/results/peers_full.json``). For each peer workload a second table puts this run's first tuning
+next to that file's tuning wall time and peak RSS of NVIDIA AITune, Triton Model Navigator and torch_tweak
+itself (the peer harness's ``tune_s``: the tuning call alone, every system from empty compiler caches, in
+one run). The target is torch_tweak's first run faster than the fastest tuning peer; the same-run pair
+(torch_tweak's row of that file against the peers of that file) is what decides it, this run's first run
+is shown beside it as a check. The peers tune in one process; torch_tweak's tuning process hands candidates
+to a worker, whose peak RSS is the worker column here (the peer file's RSS is the tuning process alone).
 
 ``--executor ray`` starts a local Ray cluster (2 CPUs) once in this process; each tuning process connects to
 it and tunes with ``RayExecutor``. On one machine this shows only what Ray adds (connecting, scheduling,
@@ -36,6 +48,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RAY_ADDRESS = "TUNING_COST_RAY_ADDRESS"  # the local cluster's address, for the tuning processes
 WORKLOADS = ("demo_cnn", "demo_encoder")
+PEER_WORKLOADS = ("mlp", "resnet50", "resnet50_random", "bert")  # benchmarks/peers/workloads.py
+PEER_RUN_DIR = "TUNING_COST_PEER_RUN_DIR"  # the folder with the peer workloads' weights and inputs
+PEERS = (("aitune", "NVIDIA AITune"), ("navigator", "Model Navigator"))
 
 
 def _executor(name: str) -> object:
@@ -53,14 +68,19 @@ def child(workload: str, cache: str, executor: str) -> None:
     from torch_tweak.tiny_models import small_encoder
 
     tt.config.cache_dir = cache
-    start = time.perf_counter()
-    if workload == "demo_cnn":
+    if workload in PEER_WORKLOADS:
+        model, data, sizes, candidates = _peer_workload(workload)
+        strategy = tt.HighestThroughputStrategy(candidates)
+    elif workload == "demo_cnn":
         model, data = small_cnn()
         data, sizes = data * 2, [1, 2, 4]
+        strategy = tt.HighestThroughputStrategy()
     else:
         model, data = small_encoder()
         sizes = [1, 2]
-    wrapped = tt.Module(model, name=workload, strategy=tt.HighestThroughputStrategy())
+        strategy = tt.HighestThroughputStrategy()
+    start = time.perf_counter()  # like the peer harness: wrapping and tuning, not building the model
+    wrapped = tt.Module(model, name=workload, strategy=strategy)
     report = tt.tune(wrapped, data, batch_sizes=sizes, executor=_executor(executor))
     tuned_s = time.perf_counter() - start
     tt.save(wrapped, Path(cache) / f"{workload}.tt")
@@ -78,6 +98,18 @@ def child(workload: str, cache: str, executor: str) -> None:
     }))
 
 
+def _peer_workload(workload: str, weights: bool = True) -> tuple:
+    """A peer workload's model, tuning samples, tuning batch sizes and candidates, as benchmarks/peers.py --full has them."""
+    sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "peers")]
+    import run_tt
+    from peers import systems, workloads
+
+    run_dir = Path(os.environ[PEER_RUN_DIR])
+    model = workloads.build(workload, run_dir / f"{workload}.weights.pt" if weights else None)
+    data = list(workloads.load_inputs(run_dir, workload)["tune"].unbind(0))
+    return model, data, systems.FULL.tune_batches[workload], run_tt.candidates()
+
+
 def serve(workload: str, cache: str) -> None:
     """Load the checkpoint the first run saved into a fresh model and run it: the serving process's peak RSS."""
     import torch
@@ -86,7 +118,11 @@ def serve(workload: str, cache: str) -> None:
     from torch_tweak.demo import small_cnn
     from torch_tweak.tiny_models import small_encoder
 
-    model, data = small_cnn() if workload == "demo_cnn" else small_encoder()
+    if workload in PEER_WORKLOADS:  # random weights: the checkpoint brings its own
+        model, data = _peer_workload(workload, weights=False)[:2]
+        data = data[:4]
+    else:
+        model, data = small_cnn() if workload == "demo_cnn" else small_encoder()
     loaded = tt.load(model, Path(cache) / f"{workload}.tt", trust_native_code=True)
     from torch_tweak.torch.dataset import dataset_items, iter_batches
 
@@ -129,6 +165,50 @@ def _cpu() -> str:
     return f"{info.model}; ISA: {', '.join(flags) or 'no AVX-512/AMX'}"
 
 
+def _prepare_peer_workload(workload: str, run_dir: str, tune_samples: int) -> None:
+    """The peer workload's weights and inputs, made the way benchmarks/peers.py makes them (in a subprocess)."""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); from pathlib import Path; "
+            f"from peers import workloads; workloads.prepare(Path({run_dir!r}), {workload!r}, {tune_samples})")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _peer_cell(records: dict, key: str) -> tuple[float | None, str]:
+    """A system's tuning seconds in a peer result file and its table cell (seconds and peak RSS, or why not)."""
+    record = records.get(key, {}).get("tune")
+    if record is None:
+        return None, "not run"
+    if not record.get("ok") or record.get("tune_s") is None:
+        return None, f"failed ({(record.get('error') or '?')[:60]})"
+    return record["tune_s"], f"{record['tune_s']:.1f} ({record.get('maxrss_mb', 0):.0f} MB)"
+
+
+def _peer_table(path: Path, firsts: dict[str, dict]) -> list[str]:
+    """This run's first tunings next to the tuning peers' (and torch_tweak's own) from a peers.py result file."""
+    if not path.is_file():
+        return [f"\nNo tuning peers: {path} does not exist (run benchmarks/peers.py --full first)."]
+    data = json.loads(path.read_text())
+    meta = data["meta"]
+    lines = [f"\nTuning peers from `{path.name}` (`{meta['command']}`, {meta['date']}, CPU {meta['cpu']}, "
+             f"{meta['settings'].get('tune_samples', 8)} tuning samples): tuning seconds (peak RSS of the tuning "
+             "process)", "",
+             "| workload | AITune | Model Navigator | torch_tweak (same run as the peers) | torch_tweak / fastest peer | "
+             "faster than the fastest peer | torch_tweak, this run's first (tuning process + worker RSS) |",
+             "|---|---|---|---|---|---|---|"]
+    for workload, first in firsts.items():
+        records = data["records"].get(workload)
+        mine = (f"{first['wall_s']:.1f} ({first['peak_rss_mb']:.0f} + {first['worker_rss_mb']:.0f} MB)")
+        if records is None:
+            lines.append(f"| {workload} | not in that file | | | | | {mine} |")
+            continue
+        peers = [_peer_cell(records, key) for key, _ in PEERS]
+        tt_s, tt_cell = _peer_cell(records, "tt")
+        fastest = min((s for s, _ in peers if s is not None), default=None)
+        ratio = f"{tt_s / fastest:.2f}x" if tt_s and fastest else "–"
+        met = "–" if not (tt_s and fastest) else ("yes" if tt_s < fastest else "no")
+        lines.append(f"| {workload} | {peers[0][1]} | {peers[1][1]} | {tt_cell} | {ratio} | {met} | {mine} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", nargs=3, metavar=("WORKLOAD", "CACHE", "EXECUTOR"), help=argparse.SUPPRESS)
@@ -137,6 +217,10 @@ def main() -> None:
                         help="where candidates are built and measured (ray: a local cluster started here)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--kill-after", type=float, default=0.5, help="fraction of the first run before SIGKILL")
+    parser.add_argument("--tune-samples", type=int, default=64,
+                        help="tuning samples of the peer workloads (as benchmarks/peers.py --tune-samples)")
+    parser.add_argument("--peers-json", type=Path, default=ROOT / "benchmarks" / "results" / "peers_full.json",
+                        help="the benchmarks/peers.py result file the tuning peers' times come from")
     parser.add_argument("--out", help="also write the table to this Markdown file")
     args = parser.parse_args()
     if args.child:
@@ -156,13 +240,23 @@ def main() -> None:
              "| workload | run | wall s | x first | tuning process peak RSS MB | worker peak RSS MB | reused rows | "
              "chosen (throughput) |",
              "|---|---|---|---|---|---|---|---|"]
-    for workload in args.workloads.split(","):
+    names = args.workloads.split(",")
+    unknown = [w for w in names if w not in WORKLOADS + PEER_WORKLOADS]
+    if unknown:
+        parser.error(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS + PEER_WORKLOADS)}")
+    peer_dir = tempfile.TemporaryDirectory()
+    os.environ[PEER_RUN_DIR] = peer_dir.name
+    firsts: dict[str, dict] = {}
+    for workload in names:
+        if workload in PEER_WORKLOADS:
+            _prepare_peer_workload(workload, peer_dir.name, args.tune_samples)
         with tempfile.TemporaryDirectory() as first_cache, tempfile.TemporaryDirectory() as resumed_cache:
             first = _run(workload, first_cache, args.executor)
             serving = _serve(workload, first_cache)
             second = _run(workload, first_cache, args.executor)
             _run(workload, resumed_cache, args.executor, kill_after=first["wall_s"] * args.kill_after)
             resumed = _run(workload, resumed_cache, args.executor)
+        firsts[workload] = first
         for name, result in (("first", first), ("second", second), ("resumed after kill", resumed)):
             lines.append(f"| {workload} | {name} | {result['wall_s']:.1f} | {result['wall_s'] / first['wall_s']:.2f} | "
                          f"{result['peak_rss_mb']:.0f} | {result['worker_rss_mb']:.0f} | "
@@ -170,6 +264,10 @@ def main() -> None:
                          f"{result['chosen']} ({result['chosen_throughput'] or 0:,.0f}/s) |")
         lines.append(f"| {workload} | serving (tt.load of the first run's checkpoint, 4 calls) | | | "
                      f"{serving['peak_rss_mb']:.0f} | | | |")
+    peer_firsts = {w: r for w, r in firsts.items() if w in PEER_WORKLOADS}
+    if peer_firsts:
+        lines += _peer_table(args.peers_json, peer_firsts)
+    peer_dir.cleanup()
     lines.append(f"\nload average at end {os.getloadavg()[0]:.1f}")
     text = "\n".join(lines)
     print(text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 
 import pytest
 import torch
@@ -85,13 +86,52 @@ class _OtherRuntime(TimedBackend):
     runtime = "openvino"
 
 
-def test_candidates_of_another_runtime_never_share_a_graph(clock):
-    other = _OtherRuntime(clock, ms_per_call=0.3, ms_per_sample=0.5)
+_LAST_RUNTIME: list[str | None] = [None]
+
+
+class _Contending:
+    """A call right after one of another runtime pays ``switch_ms`` more (the thread pools compete)."""
+
+    switch_ms = 0.0
+
+    def _infer(self, *args, **kwargs):
+        if _LAST_RUNTIME[0] not in (None, self.runtime):
+            self.clock.advance(self.switch_ms / 1000.0)
+        _LAST_RUNTIME[0] = self.runtime
+        return super()._infer(*args, **kwargs)
+
+
+class _ContendingTorch(_Contending, TimedBackend):
+    switch_ms = 1.0
+
+
+class _ContendingOpenVINO(_Contending, _OtherRuntime):
+    switch_ms = 1.0
+
+
+def test_a_route_to_another_runtime_is_kept_when_mixed_calls_confirm_it(clock):
+    other = _OtherRuntime(clock, ms_per_call=0.3, ms_per_sample=0.5)  # b1 0.8 ms: faster than 1.21 ms there
     _, high_throughput = latency_and_throughput(clock)
     strat = strategy(tt.HighestThroughputStrategy, clock, [high_throughput, other], eager_ms=1.5, eager_per_sample=0.2)
-    _, _, graph = tune(strat)
+    wrapped, _, graph = tune(strat)
+    assert graph.chosen == f"BatchRouterBackend(batch<=1: {other.describe()}, batch>=2: {high_throughput.describe()})"
+    assert f"routes to another runtime ({other.describe()}) confirmed on mixed calls (one call at each batch size " \
+        "[1, 2, 4, 8] in turn: 3304.0 vs 3030.3 samples/s)" in graph.reason
+    with torch.no_grad():
+        assert cost_ms(clock, lambda: wrapped(torch.randn(1, 8))) == pytest.approx(0.8)
+
+
+def test_a_route_to_another_runtime_is_not_kept_when_switching_runtimes_costs_more(clock):
+    _LAST_RUNTIME[0] = None
+    other = _ContendingOpenVINO(clock, ms_per_call=0.3, ms_per_sample=0.5)
+    high_throughput = _ContendingTorch(clock, ms_per_call=1.2, ms_per_sample=0.01)
+    strat = strategy(tt.HighestThroughputStrategy, clock, [high_throughput, other], eager_ms=1.5, eager_per_sample=0.2)
+    wrapped, _, graph = tune(strat)
     assert graph.chosen == high_throughput.describe()
+    assert re.search(r"routes to another runtime \(.*\) were measured on mixed calls and not kept \(one call at each "
+                     r"batch size \[1, 2, 4, 8\] in turn: [\d.]+ vs [\d.]+ samples/s; they need 1.05x\)", graph.reason)
     assert rows(graph)[other.describe()].status == "passed"
+    assert list(wrapped.backends.values())[0].state.value == "active"
 
 
 def test_a_margin_below_eager_margin_does_not_route(clock):

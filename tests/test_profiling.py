@@ -207,6 +207,30 @@ def test_keep_going_ends_the_sweep():
     assert prepared == [1, 2, 4] and result.stop_reason == "limit"
 
 
+def test_sweep_takes_known_measurements_instead_of_measuring_again():
+    clock = FakeClock()
+    prepare, prepared = timed_prepare(clock, 10.0, 0.01)
+    ends = sweep(prepare, [1, 8], config(clock))  # what screening measured
+    prepared.clear()
+    result = sweep(prepare, [1, 2, 4, 8], config(clock), known=ends.measurements)
+    assert prepared == [2, 4]
+    assert [m.batch_size for m in result.measurements] == [1, 2, 4, 8]
+    assert result.measurements[0] is ends.measurements[0] and result.measurements[-1] is ends.measurements[-1]
+
+
+def test_a_known_measurement_past_a_saturated_sweep_is_kept_but_not_past_an_error():
+    clock = FakeClock()
+    prepare, prepared = timed_prepare(clock, 1.0, 1.0)
+    ends = sweep(prepare, [1, 64], config(clock))
+    prepared.clear()
+    result = sweep(prepare, [1, 2, 4, 8, 16, 32, 64], config(clock, saturation_threshold=0.1), known=ends.measurements)
+    assert prepared == [2, 4, 8, 16] and result.stop_reason == "saturated"
+    assert [m.batch_size for m in result.measurements] == [1, 2, 4, 8, 16, 64]
+    failing, _ = timed_prepare(clock, 1.0, 1.0, fail_at=4, error=ValueError("bad shape"))
+    broken = sweep(failing, [1, 2, 4, 8, 16, 32, 64], config(clock), known=ends.measurements)
+    assert [m.batch_size for m in broken.measurements] == [1, 2] and broken.error == "ValueError: bad shape"
+
+
 def test_sweep_refuses_an_empty_batch_list():
     with pytest.raises(ConfigError):
         sweep(lambda bs: (lambda: None), [])

@@ -51,6 +51,30 @@ def test_a_candidate_far_behind_at_both_ends_is_screened_out(clock):
     assert rows[TimedBackend(clock, ms_per_call=1.0).describe()].measurements["batch_sizes"] == [1, 2, 4, 8]
 
 
+def test_a_swept_candidate_is_not_measured_again_at_the_screening_ends(clock, monkeypatch):
+    from collections import Counter
+
+    import importlib
+
+    sweep_module = importlib.import_module("torch_tweak.torch.profiling.sweep")
+
+    measured: list[int] = []
+    original = sweep_module.measure
+
+    def counting(fn, batch_size, *args, **kwargs):
+        measured.append(batch_size)
+        return original(fn, batch_size, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "measure", counting)
+    fast = TimedBackend(clock, ms_per_call=0.5, ms_per_sample=0.05)
+    close = TimedBackend(clock, ms_per_call=0.6, ms_per_sample=0.05)
+    slow = TimedBackend(clock, ms_per_call=5.0, ms_per_sample=0.5)
+    _, rows = tune(strategy(clock, [slow, close, fast]))
+    assert rows[close.describe()].measurements["batch_sizes"] == [1, 2, 4, 8]
+    # eager swept once in full; each candidate screened at 1 and 8; the two survivors swept at 2 and 4 only
+    assert Counter(measured) == {1: 4, 8: 4, 2: 3, 4: 3}
+
+
 def test_a_candidate_best_at_one_end_only_is_swept(clock):
     small = TimedBackend(clock, ms_per_call=0.2, ms_per_sample=1.0, label="small")  # wins at batch 1
     large = TimedBackend(clock, ms_per_call=3.0, ms_per_sample=0.05, label="large")  # wins at batch 8

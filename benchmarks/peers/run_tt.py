@@ -35,7 +35,7 @@ def _setup() -> tuple:
     return torch, tt
 
 
-def _candidates() -> list:
+def candidates() -> list:
     """The strategy's defaults (OpenVINO LATENCY and THROUGHPUT, Inductor, TorchAO, eager) plus Inductor AOT."""
     from torch_tweak.torch import backend as backends
     from torch_tweak.torch.backend import default_candidates
@@ -49,7 +49,7 @@ def _candidates() -> list:
 def _strategy(tt):
     """``HighestThroughputStrategy`` over the candidates; for ``tt_task`` with the workload's task bound."""
     if args.system != "tt_task":
-        return tt.HighestThroughputStrategy(_candidates())
+        return tt.HighestThroughputStrategy(candidates())
     import inspect
 
     from peers import workloads
@@ -59,7 +59,7 @@ def _strategy(tt):
         raise RuntimeError(f"this torch_tweak's FidelityConfig takes no task metric yet (signature {signature})")
     settings = workloads.TASKS[workloads.WORKLOADS[args.workload].task].tt_fidelity
     record["fidelity_config"] = dict(settings)
-    return tt.HighestThroughputStrategy(_candidates(), fidelity=tt.FidelityConfig(**settings))
+    return tt.HighestThroughputStrategy(candidates(), fidelity=tt.FidelityConfig(**settings))
 
 
 def _trust(tt) -> dict:

@@ -157,7 +157,8 @@ class Backend(ABC):
     #: The config class whose ``from_dict`` reads ``to_dict()["config"]`` (lets ``verify`` check it unloaded).
     config_class: ClassVar[type[BackendConfig] | None] = None
     #: The runtime whose threads run inference. Calls alternating between runtimes slow each other
-    #: (their thread pools compete for the cores), so strategies combine backends of one runtime only.
+    #: (their thread pools compete for the cores), so strategies combine backends of different runtimes
+    #: only after measuring them on mixed calls (``tune_strategy/mixed_routes.py``).
     runtime: ClassVar[str] = "torch"
 
     def __init__(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +109,7 @@ def sweep(
     cancel: threading.Event | None = None,
     keep_going: Callable[[Measurement], bool] | None = None,
     batched: bool = True,
+    known: Iterable[Measurement] = (),
 ) -> SweepResult:
     """Measure at each batch size in order until throughput saturates, a call fails, or the list ends.
 
@@ -121,6 +122,8 @@ def sweep(
         cancel: cancels the sweep from outside (raises :class:`ProfilingCancelledError`).
         keep_going: called after each measurement; returning False ends the sweep (reason ``limit``).
         batched: False for graphs without a batch axis (recorded in each measurement).
+        known: measurements taken earlier with the same rules (a screening's): a batch size that has one is
+            not measured again, and one the sweep stops before is kept in the result (it was measured).
 
     Out-of-memory and any other error while preparing or calling end the sweep gracefully: the error is
     recorded and the measurements made so far are kept.
@@ -129,12 +132,15 @@ def sweep(
     if not batch_sizes:
         raise ConfigError("sweep needs at least one batch size.")
     result = SweepResult()
+    earlier = {m.batch_size: m for m in known}
     best_throughput: float | None = None
     misses = 0
     for batch_size in batch_sizes:
         try:
-            fn = prepare(batch_size)
-            measurement = measure(fn, batch_size, config, sync=sync, cancel=cancel, batched=batched)
+            measurement = earlier.pop(batch_size, None)
+            if measurement is None:
+                measurement = measure(prepare(batch_size), batch_size, config, sync=sync, cancel=cancel,
+                                      batched=batched)
         except ProfilingCancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure ends the sweep; the error is recorded
@@ -155,4 +161,6 @@ def sweep(
         if misses >= config.saturation_patience:
             result.stop_reason = SATURATED
             break
+    if earlier and result.error is None and result.stop_reason != LIMIT:  # measured before, past where this sweep stopped: still a measurement
+        result.measurements = sorted([*result.measurements, *earlier.values()], key=lambda m: m.batch_size)
     return result

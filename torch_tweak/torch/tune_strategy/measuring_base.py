@@ -57,6 +57,7 @@ from torch_tweak.torch.tune_strategy.base import (
 )
 from torch_tweak.torch.tune_strategy.batch_search import search_if_enabled
 from torch_tweak.torch.tune_strategy.isolated import IsolatedCandidates
+from torch_tweak.torch.tune_strategy.mixed_routes import MixedRoutes
 from torch_tweak.torch.tune_strategy.result_cache import ResultCache, ReusedResults
 from torch_tweak.torch.tune_strategy.results import (
     BASELINE,
@@ -82,7 +83,7 @@ def _check_number(owner: str, name: str, value: Any, *, allow_zero: bool) -> flo
     return float(value)
 
 
-class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, TuneStrategy):
+class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, MixedRoutes, TuneStrategy):
     """Base of the strategies that measure: candidates, eager baseline, eager gate, time limit, batch search.
 
     Args:
@@ -233,6 +234,9 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, TuneS
                 break
             for evaluation in missing:
                 self._rebuild(task, evaluation)
+        routes, crossing = self._routes_across_runtimes(task, chosen, evaluations, routes, plan) \
+            if self._routes_batches else (routes, "")
+        serving = [chosen] if routes is None else [e for _, e in routes]
         for evaluation in evaluations:
             if all(evaluation is not e for e in serving) and evaluation.backend is not None:
                 release_quietly(evaluation.backend)
@@ -244,7 +248,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, TuneS
             backend = BatchRouterBackend([(bound, e.backend) for bound, e in routes], task.graph_spec)
             task.report.chosen = backend.describe()
             reason = f"{reason}; {describe_routes(routes, chosen)}"
-        task.report.reason = reason
+        task.report.reason = reason + crossing
         self.results.append(StrategyResult(task.module_name, task.report))
         logger.info("%s: chose %s (%s)", describe_task(task), task.report.chosen, reason)
         return backend

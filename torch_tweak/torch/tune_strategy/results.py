@@ -72,12 +72,13 @@ class StrategyResult:
 
 @dataclass
 class Plan:
-    """How a graph is measured: the batch sizes, whether they are real batch sizes, the base inputs."""
+    """How a graph is measured: the batch sizes, whether they are real batch sizes, the base inputs, and the
+    measurements a candidate already has (its screening ends: the sweep takes them instead of measuring again)."""
 
     batch_sizes: list[int]
     batched: bool
     sample: Any
-
+    known: tuple[Measurement, ...] = ()
 
 
 

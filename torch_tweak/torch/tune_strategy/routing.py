@@ -2,8 +2,10 @@
 
 The chosen candidate is the best at its own best batch size; another candidate of the same runtime may
 still be faster at other batch sizes (OpenVINO LATENCY at batch 1 against THROUGHPUT at batch 32).
-Only candidates of the chosen one's runtime are considered: calls alternating between runtimes pay for
-their competing thread pools, which single-runtime measurements never see.
+Routes are worked out among candidates of the chosen one's runtime: calls alternating between runtimes pay
+for their competing thread pools, which single-runtime measurements never see. Routes to other runtimes
+(``any_runtime=True``) are only proposals, which ``mixed_routes.py`` keeps when calls of mixed batch sizes
+confirm them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ def _alive(evaluations: list[Evaluation]) -> list[Evaluation]:
         or (e.reused and e.template is not None and e.pick is not None))]
 
 
-def _runtime(evaluation: Evaluation) -> str:
+def runtime_of(evaluation: Evaluation) -> str:
     built = evaluation.backend if evaluation.backend is not None else evaluation.template
     assert built is not None
     return built.runtime
@@ -36,7 +38,7 @@ def worth_keeping(evaluations: list[Evaluation], margin: float) -> list[Evaluati
     """
     by_runtime: dict[str, list[Evaluation]] = {}
     for e in _alive(evaluations):
-        by_runtime.setdefault(_runtime(e), []).append(e)
+        by_runtime.setdefault(runtime_of(e), []).append(e)
     keep: list[Evaluation] = []
     for group in by_runtime.values():
         best = max(group, key=lambda e: e.pick.throughput if e.pick is not None else -1.0)
@@ -50,12 +52,14 @@ def worth_keeping(evaluations: list[Evaluation], margin: float) -> list[Evaluati
     return keep
 
 
-def batch_routes(chosen: Evaluation, evaluations: list[Evaluation], margin: float) -> Routes | None:
+def batch_routes(chosen: Evaluation, evaluations: list[Evaluation], margin: float,
+                 any_runtime: bool = False) -> Routes | None:
     """``(max_batch_size, evaluation)`` ranges, or None when the chosen candidate should serve every batch size.
 
-    At each batch size the chosen candidate measured, a candidate of its runtime that measured the same
-    batch size takes over when its throughput is at least ``margin`` times the chosen one's (and the
-    highest such). A batch size between two measured ones goes with the smaller; the last range is open.
+    At each batch size the chosen candidate measured, a candidate of its runtime (of any runtime with
+    ``any_runtime``) that measured the same batch size takes over when its throughput is at least ``margin``
+    times the chosen one's (and the highest such). A batch size between two measured ones goes with the
+    smaller; the last range is open.
     """
     if chosen.sweep is None or (chosen.backend is None and not chosen.reused):
         return None
@@ -63,7 +67,8 @@ def batch_routes(chosen: Evaluation, evaluations: list[Evaluation], margin: floa
     sizes = sorted(own)
     if len(sizes) < 2:
         return None
-    rivals = [e for e in _alive(evaluations) if e is not chosen and _runtime(e) == _runtime(chosen)]
+    rivals = [e for e in _alive(evaluations)
+              if e is not chosen and (any_runtime or runtime_of(e) == runtime_of(chosen))]
     assignment: list[Evaluation] = []
     for size in sizes:
         pick, speed = chosen, own[size]

@@ -3,8 +3,9 @@
 Measuring every candidate over every batch size costs as much as building some of them. A measuring
 strategy therefore first measures each candidate at the smallest and the largest batch size of its plan
 (the two ends, where latency and throughput winners show), and sweeps all batch sizes only for the
-candidates within ``screening_margin`` of the best at either end; the others are ``screened_out`` rows
-with their two measurements. The eager baseline is always swept in full (the eager gate compares with it).
+candidates within ``screening_margin`` of the best at either end (the sweep keeps the two screening
+measurements and measures only the sizes between them); the others are ``screened_out`` rows with their two
+measurements. The eager baseline is always swept in full (the eager gate compares with it).
 
 ``tt.tune(..., time_budget_s=...)`` gives each graph a share of the remaining time when its tuning starts
 (unused time rolls over to the next graph). A strategy builds its candidates cheapest first (the registry's
@@ -141,8 +142,10 @@ class ScreeningSteps:
             measured = [m.batch_size for m in evaluation.sweep.measurements] if evaluation.sweep else []
             if evaluation.reused and measured != screen.batch_sizes:
                 continue
+            # the screening's two ends are measurements already: the sweep measures only the sizes between
+            own = replace(plan, known=tuple(evaluation.sweep.measurements)) if evaluation.sweep else plan
             if executor is not None and shared is not None:
-                result = self._sweep_isolated(executor, shared, evaluation, task, plan)
+                result = self._sweep_isolated(executor, shared, evaluation, task, own)
                 if result is None:
                     continue
             else:
@@ -150,7 +153,7 @@ class ScreeningSteps:
                     continue
                 backend = evaluation.backend
                 finished, result = run_with_time_limit(
-                    lambda cancel, b=backend: self._measure_backend(b, task, plan, cancel),
+                    lambda cancel, b=backend, o=own: self._measure_backend(b, task, o, cancel),
                     self.candidate_time_limit_s)
                 if not finished or not result.measurements:
                     continue  # keeps its screening measurements, which already qualified it

@@ -33,4 +33,4 @@ def sweep_backend(backend: Backend, spec: GraphSpec, device: torch.device, plan:
 
     with torch.no_grad():
         return sweep(prepare, plan.batch_sizes, profiling, sync=device_sync(device), cancel=cancel,
-                     keep_going=keep_going, batched=plan.batched)
+                     keep_going=keep_going, batched=plan.batched, known=plan.known)
