@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 import time
+from collections import Counter
 
 import pytest
 import torch
@@ -51,11 +53,9 @@ def test_a_candidate_far_behind_at_both_ends_is_screened_out(clock):
     assert rows[TimedBackend(clock, ms_per_call=1.0).describe()].measurements["batch_sizes"] == [1, 2, 4, 8]
 
 
-def test_a_swept_candidate_is_not_measured_again_at_the_screening_ends(clock, monkeypatch):
-    from collections import Counter
-
-    import importlib
-
+def test_a_swept_candidate_is_not_measured_again_at_the_screening_ends(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sweep_module = importlib.import_module("torch_tweak.torch.profiling.sweep")
 
     measured: list[int] = []
