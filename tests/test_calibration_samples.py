@@ -187,6 +187,25 @@ def test_a_stored_call_round_trips_its_structure_devices_and_outputs(tmp_path: P
     assert not store.folder.exists() and not store.wants_call()
 
 
+def test_calibration_takes_the_first_calibrating_calls_up_to_a_number_of_samples(tmp_path: Path) -> None:
+    store = SampleStore(tmp_path, limit=8)
+    sizes = [4, 4, 2, 8, 1, 1, None, 1]  # calls 1 and 5 are held out
+    for index, size in enumerate(sizes):
+        x = torch.full((size or 1, 3), float(index))
+        store.add([x], ["cpu"], flatten_sample((x,), {})[1], x + 1, size)
+    assert store.batch_size(3) == 8 and store.batch_size(6) is None
+
+    def first_values(calls):
+        return [float(args[0][0, 0]) for args, _ in calls]
+
+    assert first_values(store.calibration()) == [0.0, 2.0, 3.0, 4.0, 6.0, 7.0]
+    assert first_values(store.calibration(max_samples=6)) == [0.0, 2.0]  # 4 + 2; call 3 would make 14
+    assert first_values(store.calibration(max_samples=14)) == [0.0, 2.0, 3.0]
+    assert first_values(store.calibration(max_samples=16)) == [0.0, 2.0, 3.0, 4.0, 6.0]  # no batch size: one sample
+    assert first_values(store.calibration(max_samples=1)) == [0.0]  # one call at least, however large
+    store.remove()
+
+
 def test_calls_that_cannot_be_rebuilt_or_differ_are_not_stored(tmp_path: Path) -> None:
     class Opaque:
         pass

@@ -145,9 +145,25 @@ class SampleStore:
 
     # reading -----------------------------------------------------------------------------------------
 
-    def calibration(self) -> StoredCalls[Sample]:
-        """The stored calls that calibrate: inputs only, loaded one at a time."""
-        return StoredCalls([i for i in range(self.count) if not is_held_out(i)], lambda i: self.load(i)[0])
+    def calibration(self, max_samples: int | None = None) -> StoredCalls[Sample]:
+        """The stored calls that calibrate: inputs only, loaded one at a time; with ``max_samples``, the first of
+        them (in recording order) up to that many samples in all (at least one call; a call without a batch
+        size counts as one sample)."""
+        indices = [i for i in range(self.count) if not is_held_out(i)]
+        if max_samples is not None:
+            kept, samples = [], 0
+            for index in indices:
+                samples += self.batch_size(index) or 1
+                if kept and samples > max_samples:
+                    break
+                kept.append(index)
+            indices = kept
+        return StoredCalls(indices, lambda i: self.load(i)[0])
+
+    def batch_size(self, index: int) -> int | None:
+        """The batch size call ``index`` was recorded at (read from its file's header, no tensor is loaded)."""
+        with safe_open(str(self._path(index)), framework="pt") as handle:
+            return json.loads((handle.metadata() or {})["batch_size"])
 
     def held_out(self) -> StoredCalls[tuple[Sample, Any, int | None]]:
         """The held-out calls as ``(inputs, eager outputs, batch size)``, loaded one at a time."""

@@ -51,6 +51,11 @@ from torch_tweak.utils.permissions import secure_mkdir
 
 logger = logging.getLogger(__name__)
 
+#: Samples a calibrating candidate calibrates on, at most (whole recorded calls, the first ones recorded). Calibration
+#: runs the float model over each of them, more than once: NNCF took 19.6 s on a ResNet-50 with the 190 samples of
+#: 80 recorded calls, against 7.8 s with 64 samples (``benchmarks/results/peers_full.md``, OpenVINO INT8 by hand).
+CALIBRATION_SAMPLES = 64
+
 
 @dataclass
 class GraphTask:
@@ -90,10 +95,10 @@ class GraphTask:
 
     def calibration_data(self) -> Sequence[Sample]:
         """What a calibrating candidate (:attr:`Backend.needs_calibration`) builds with: the calibrating calls of
-        :attr:`store`, loaded one at a time; without any, the in-memory samples but the last one (which the
-        fidelity check then judges as a call calibration never saw)."""
+        :attr:`store` up to :data:`CALIBRATION_SAMPLES` samples, loaded one at a time; without any, the in-memory
+        samples but the last one (which the fidelity check then judges as a call calibration never saw)."""
         if self.store is not None:
-            calibration = self.store.calibration()
+            calibration = self.store.calibration(CALIBRATION_SAMPLES)
             if len(calibration):
                 return calibration
         data = self.data()
