@@ -69,6 +69,7 @@ from torch_tweak.torch.tune_strategy.results import (
 )
 from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
 from torch_tweak.torch.tune_strategy.screening import BuildCosts, ScreeningSteps, screening_plan
+from torch_tweak.torch.tune_strategy.stand_ins import StandIns
 from torch_tweak.torch.tune_strategy.sweeping import sweep_backend
 from torch_tweak.utils.validate import check_bool, check_int
 
@@ -83,7 +84,7 @@ def _check_number(owner: str, name: str, value: Any, *, allow_zero: bool) -> flo
     return float(value)
 
 
-class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, MixedRoutes, TuneStrategy):
+class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, MixedRoutes, StandIns, TuneStrategy):
     """Base of the strategies that measure: candidates, eager baseline, eager gate, time limit, batch search.
 
     Args:
@@ -107,6 +108,9 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
         reuse_results: reuse what an earlier run measured for the same weights, graph, backend, settings and
             environment (:mod:`~torch_tweak.torch.tune_strategy.result_cache`); a reused candidate is built
             again only if it is chosen.
+        skip_stand_ins: skip a candidate that another measured candidate stands in for (TorchAO on a graph
+            whose linear layers do under 1 % of the work, once Inductor was measured; Inductor JIT or AOT once the
+            other was screened out: :mod:`~torch_tweak.torch.tune_strategy.stand_ins`), with a ``skipped`` row.
     """
 
     metric_name = "throughput"
@@ -129,6 +133,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
         screening: bool = True,
         screening_margin: float = 0.5,
         reuse_results: bool = True,
+        skip_stand_ins: bool = True,
     ) -> None:
         super().__init__(fidelity)
         owner = type(self).__name__
@@ -151,6 +156,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
             raise ConfigError(f"{owner}: screening_margin must be < 1 (0.5 sweeps candidates with at least half the "
                               f"best screened throughput), got {screening_margin!r}.")
         self.reuse_results = check_bool(reuse_results, f"{owner}: reuse_results")
+        self.skip_stand_ins = check_bool(skip_stand_ins, f"{owner}: skip_stand_ins")
         self.results: list[StrategyResult] = []
         self._costs = BuildCosts()
 
@@ -264,7 +270,9 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
             template, role = queue.pop(0)
             key = cache.key(template, role) if cache is not None else None
             stored = cache.load(key) if cache is not None else None
-            skipped = self._costs.skip_row(template, task.deadline, role) if role != BASELINE else None
+            skipped = None if role == BASELINE or stored is not None else (
+                self._costs.skip_row(template, task.deadline, role)
+                or (None if template.key() in prefetched else self._stand_in_row(template, role, task, evaluations)))
             own_plan = plan if screen is None or role == BASELINE else screen
             if stored is not None:
                 evaluation = self._reused(task, role, *stored)

@@ -1,0 +1,78 @@
+"""Candidates another measured candidate stands in for (torch_tweak/torch/tune_strategy/stand_ins.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from toy_models import cnn, mlp
+
+import torch_tweak.torch as tt
+from torch_tweak.errors import ConfigError
+from torch_tweak.torch.backend import TorchAOBackend, TorchInductorAOTBackend, TorchInductorBackend
+from torch_tweak.torch.backend import available as backend_available
+from torch_tweak.torch.profiling import Measurement, SweepResult
+from torch_tweak.torch.report.report import CandidateReport
+from torch_tweak.torch.tune_strategy.results import Evaluation
+from torch_tweak.torch.tune_strategy.stand_ins import linear_share
+
+
+class _Task:
+    """The part of a GraphTask that ``linear_share`` reads."""
+
+    def __init__(self, module: torch.nn.Module, sample: torch.Tensor) -> None:
+        self.module, self.module_name = module, "m"
+        self._sample = sample
+        self.graph_spec = type("Spec", (), {"name": "0"})()
+
+    def data(self):
+        return [((self._sample,), {})]
+
+
+def test_linear_share_counts_the_multiply_adds_of_linear_layers() -> None:
+    assert linear_share(mlp(), _Task(mlp(), torch.randn(2, 8))) == pytest.approx(1.0)
+    share = linear_share(cnn(), _Task(cnn(), torch.randn(2, 3, 16, 16)))
+    # conv 3->4, 3x3 on 16x16: 27,648 multiply-adds per image; the 4->3 head: 12
+    assert share == pytest.approx(12 / (27648 + 12), rel=1e-3)
+    no_linear = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).eval()
+    assert linear_share(no_linear, _Task(no_linear, torch.randn(1, 3, 8, 8))) == 0.0
+
+
+def _evaluation(template, status: str) -> Evaluation:
+    row = CandidateReport(backend=template.describe(), key=template.key(), status=status)
+    sweep = SweepResult([Measurement(1, [1.0])])
+    return Evaluation("candidate", row, None, sweep, None, template=template)
+
+
+def test_inductor_jit_and_aot_stand_in_for_each_other_once_one_is_screened_out() -> None:
+    strategy = tt.HighestThroughputStrategy()
+    screened = [_evaluation(TorchInductorBackend(), "screened_out")]
+    row = strategy._stand_in_row(TorchInductorAOTBackend(), "candidate", None, screened)
+    assert row is not None and row.status == "skipped"
+    assert row.error == ("skipped: it compiles the graph into the same kernels as TorchInductorBackend(), which was "
+                         "screened out; pass skip_stand_ins=False to the strategy to build it anyway")
+    aot_screened = [_evaluation(TorchInductorAOTBackend(), "screened_out")]
+    assert strategy._stand_in_row(TorchInductorBackend(), "candidate", None, aot_screened).status == "skipped"
+    # a sibling that was swept may be slower or faster by its per-call overhead: both are measured
+    passed = [_evaluation(TorchInductorBackend(), "passed")]
+    assert strategy._stand_in_row(TorchInductorAOTBackend(), "candidate", None, passed) is None
+    # other settings compile other kernels
+    tuned = TorchInductorAOTBackend(tt.backend.TorchInductorAOTBackendConfig(options={"freezing": True}))
+    assert strategy._stand_in_row(tuned, "candidate", None, screened) is None
+    off = tt.HighestThroughputStrategy(skip_stand_ins=False)
+    assert off._stand_in_row(TorchInductorAOTBackend(), "candidate", None, screened) is None
+    with pytest.raises(ConfigError, match="skip_stand_ins must be True or False"):
+        tt.HighestThroughputStrategy(skip_stand_ins="yes")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not backend_available("TorchAOBackend"), reason="needs torchao")
+def test_torchao_is_skipped_on_a_graph_whose_linear_layers_do_almost_none_of_the_work() -> None:
+    strategy = tt.HighestThroughputStrategy([TorchInductorBackend(), TorchAOBackend()], screening=False)
+    model = tt.Module(cnn(), name="cnn", strategy=strategy)
+    report = tt.tune(model, [torch.randn(3, 16, 16) for _ in range(4)], batch_sizes=[1, 2], executor="inline")
+    rows = {c.backend: c for c in report.modules[0].graphs[0].candidates}
+    assert rows["TorchInductorBackend()"].status in ("passed", "chosen")
+    skipped = rows["TorchAOBackend()"]
+    assert skipped.status == "skipped" and skipped.build_time_s is None
+    assert skipped.error.startswith("skipped: it quantizes nn.Linear layers only, which do 0.04% of this graph's "
+                                    "multiply-adds, and compiles the rest like TorchInductorBackend(), measured above")
