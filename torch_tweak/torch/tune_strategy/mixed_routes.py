@@ -30,37 +30,41 @@ from torch_tweak.torch.tune_strategy.routing import Routes, batch_routes, runtim
 
 logger = logging.getLogger(__name__)
 
-MIN_CYCLES = 3  # timed cycles of mixed calls, however long one takes
+MIN_CYCLES = 2  # timed cycles of mixed calls per backend, however long one takes
 
 
-def mixed_call_times(backend: Backend, spec: GraphSpec, device: torch.device, plan: Plan, sizes: list[int],
-                     profiling: ProfilingConfig) -> dict[int, float]:
-    """Median milliseconds of one call at each of ``sizes`` while ``backend`` serves them in turn, cycle after cycle.
+def mixed_call_times(backends: list[Backend], spec: GraphSpec, device: torch.device, plan: Plan, sizes: list[int],
+                     profiling: ProfilingConfig) -> list[dict[int, float]]:
+    """For each of ``backends``: the median milliseconds of one call at each of ``sizes`` while it serves them in
+    turn, cycle after cycle.
 
-    One untimed cycle warms up; timed cycles follow until ``profiling.max_time_s`` has passed (at least
-    :data:`MIN_CYCLES` of them, at most ``profiling.max_calls``).
+    Each backend first runs one untimed cycle; then the backends take turns, one timed cycle each, until
+    ``profiling.max_time_s`` has passed (at least :data:`MIN_CYCLES` rounds, at most ``profiling.max_calls``), so
+    a drift of the machine's speed falls on all of them alike.
     """
     sample = copy.deepcopy(plan.sample)
     calls = [(size, *resize_batch(sample, spec, size)) for size in sizes]
     clock, sync = profiling.clock, device_sync(device)
-    times: dict[int, list[float]] = {size: [] for size in sizes}
+    times: list[dict[int, list[float]]] = [{size: [] for size in sizes} for _ in backends]
 
-    def cycle(record: bool) -> None:
+    def cycle(backend: Backend, record: dict[int, list[float]] | None) -> None:
         for size, args, kwargs in calls:
             start = clock()
             backend.infer(*args, **kwargs)
             if sync is not None:
                 sync()
-            if record:
-                times[size].append((clock() - start) * 1000.0)
+            if record is not None:
+                record[size].append((clock() - start) * 1000.0)
 
     with torch.no_grad():
-        cycle(record=False)
-        begin, done = clock(), 0
-        while done < MIN_CYCLES or (clock() - begin < profiling.max_time_s and done < profiling.max_calls):
-            cycle(record=True)
-            done += 1
-    return {size: percentile(values, 50) for size, values in times.items()}
+        for backend in backends:
+            cycle(backend, None)
+        begin, rounds = clock(), 0
+        while rounds < MIN_CYCLES or (clock() - begin < profiling.max_time_s and rounds < profiling.max_calls):
+            for backend, record in zip(backends, times):
+                cycle(backend, record)
+            rounds += 1
+    return [{size: percentile(values, 50) for size, values in record.items()} for record in times]
 
 
 def route_verdict(before: dict[int, float], after: dict[int, float], rerouted: set[int],
@@ -105,10 +109,7 @@ class MixedRoutes:
         sizes = [m.batch_size for m in chosen.sweep.measurements if m.batched]
         current, proposed = _serving(routes, chosen, task.graph_spec), _serving(proposal, chosen, task.graph_spec)
         spec, device = task.graph_spec, task.device
-        before = mixed_call_times(current, spec, device, plan, sizes, self.profiling)
-        after = mixed_call_times(proposed, spec, device, plan, sizes, self.profiling)
-        again = mixed_call_times(current, spec, device, plan, sizes, self.profiling)
-        before = {size: min(before[size], again[size]) for size in sizes}  # the incumbent's better run
+        before, after = mixed_call_times([current, proposed], spec, device, plan, sizes, self.profiling)
         others = sorted({e.row.backend for _, e in proposal if runtime_of(e) != runtime_of(chosen)})
         rerouted = {size for size in sizes if _route_at(proposal, size) is not _route_at(routes, size, chosen)}
         cycle = (f"one call at each batch size {sizes} in turn, p50 ms per call: {_times(after)} with the routes vs "
