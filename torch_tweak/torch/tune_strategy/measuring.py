@@ -32,9 +32,10 @@ class HighestThroughputStrategy(MeasuringStrategy):
     With ``batch_routing`` (the default), batch sizes at which another candidate of the chosen one's
     runtime was measured faster by ``eager_margin`` go to that candidate: the graph is served by a
     :class:`~torch_tweak.torch.backend.BatchRouterBackend` (OpenVINO LATENCY for batch 1, THROUGHPUT for
-    large batches, say). Candidates of other runtimes are never mixed in, since alternating calls between
-    thread pools costs more than it gains on a few cores. See :class:`MeasuringStrategy` for the other
-    arguments.
+    large batches, say). A route to a candidate of another runtime (ONNX Runtime for small batches) serves
+    only when calls of mixed batch sizes confirm it, batch size by batch size, since alternating calls between
+    thread pools can cost more than it gains on a few cores (:mod:`~torch_tweak.torch.tune_strategy.mixed_routes`).
+    See :class:`MeasuringStrategy` for the other arguments.
     """
 
     def __init__(self, backends: Iterable[Backend] | None = None, *, batch_routing: bool = True,
