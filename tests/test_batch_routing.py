@@ -143,7 +143,7 @@ def test_a_route_to_another_runtime_is_not_kept_when_switching_runtimes_costs_mo
     # batch 1 on the other runtime pays the switch (1.8 ms against 1.21), and so does the next call on torch
     assert re.search(r"routes to another runtime \(.*\) were measured on mixed calls and not kept \(one call at each "
                      r"batch size \[1, 2, 4, 8\] in turn, p50 ms per call: 1\.8/2\.22/1\.24/1\.28 with the routes vs "
-                     r"1\.21/1\.22/1\.24/1\.28 without; each rerouted batch size must be 1\.05x faster", graph.reason)
+                     r"1\.21/1\.22/1\.24/1\.28 without; the rerouted batch sizes need 1\.05x less time together", graph.reason)
     assert rows(graph)[other.describe()].status == "passed"
     assert list(wrapped.backends.values())[0].state.value == "active"
 
