@@ -122,6 +122,24 @@ def test_a_route_to_another_runtime_is_kept_when_mixed_calls_confirm_it(clock):
         assert cost_ms(clock, lambda: wrapped(torch.randn(1, 8))) == pytest.approx(0.8)
 
 
+class _ThirdRuntime(TimedBackend):
+    runtime = "onnxruntime"
+
+
+def test_each_other_runtime_is_proposed_on_its_own_the_most_promising_first(clock):
+    # at batch 1 "openvino" saves 0.41 ms, "onnxruntime" 0.21 ms (and 0.12 ms at batch 2): one router over all
+    # three would alternate three thread pools; the openvino one alone is measured first and kept
+    other = _OtherRuntime(clock, ms_per_call=0.3, ms_per_sample=0.5)  # b1 0.8, b2 1.3 ms
+    third = _ThirdRuntime(clock, ms_per_call=0.9, ms_per_sample=0.1)  # b1 1.0, b2 1.1 ms
+    _, high_throughput = latency_and_throughput(clock)  # b1 1.21, b2 1.22 ms
+    strat = strategy(tt.HighestThroughputStrategy, clock, [high_throughput, other, third], eager_ms=1.5,
+                     eager_per_sample=0.2)
+    _, _, graph = tune(strat)
+    assert graph.chosen == f"BatchRouterBackend(batch<=1: {other.describe()}, batch>=2: {high_throughput.describe()})"
+    assert f"routes to another runtime ({other.describe()}) confirmed on mixed calls" in graph.reason
+    assert third.describe() not in graph.reason
+
+
 def test_a_small_batch_gain_counts_even_when_large_batches_fill_the_cycle(clock):
     # batch 1 and 2 are 2.1x and 1.4x faster on the other runtime, but batch 64 takes 34 ms of a 77.5 ms cycle:
     # summed over the cycle the routes save under 3 %, per batch size they are well past the 5 % margin

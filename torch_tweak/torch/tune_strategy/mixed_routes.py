@@ -32,6 +32,7 @@ from torch_tweak.torch.tune_strategy.routing import Routes, batch_routes, runtim
 logger = logging.getLogger(__name__)
 
 MIN_CYCLES = 2  # timed cycles of mixed calls per backend, however long one takes
+MAX_PROPOSALS = 2  # routes to other runtimes measured on mixed calls, at most, per graph
 
 
 def mixed_call_times(backends: list[Backend], spec: GraphSpec, device: torch.device, plan: Plan, sizes: list[int],
@@ -97,37 +98,77 @@ class MixedRoutes:
 
     def _routes_across_runtimes(self: Any, task: GraphTask, chosen: Evaluation, evaluations: list[Evaluation],
                                 routes: Routes | None, plan: Plan) -> tuple[Routes | None, str]:
-        """``routes`` or routes that cross runtimes where mixed calls confirm them, and what the reason adds."""
+        """``routes`` or routes that cross runtimes where mixed calls confirm them, and what the reason adds.
+
+        Each other runtime is proposed on its own (a router over three runtimes pays for two foreign thread
+        pools), the one its candidates' sweeps promise to save the most time first; at most
+        :data:`MAX_PROPOSALS` are measured.
+        """
         margin = 1.0 + self.eager_margin
-        proposal = batch_routes(chosen, evaluations, margin, any_runtime=True)
-        if proposal is None or all(runtime_of(e) == runtime_of(chosen) for _, e in proposal) or not plan.batched:
+        if not plan.batched:
             return routes, ""
+        proposals = _proposals(chosen, evaluations, routes, margin)
+        notes = []
+        for proposal in proposals[:MAX_PROPOSALS]:
+            kept, note = self._try_proposal(task, chosen, routes, proposal, plan, margin)
+            if kept:
+                return proposal, note
+            notes.append(note)
+        return routes, "".join(notes)
+
+    def _try_proposal(self: Any, task: GraphTask, chosen: Evaluation, routes: Routes | None, proposal: Routes,
+                      plan: Plan, margin: float) -> tuple[bool, str]:
+        """Measure ``proposal`` against ``routes`` on mixed calls: whether it is kept, and what the reason adds."""
         serving = [chosen] if routes is None else [e for _, e in routes]
+        others = sorted({e.row.backend for _, e in proposal if runtime_of(e) != runtime_of(chosen)})
         built_now = [e for _, e in proposal if e.backend is None]
         for evaluation in built_now:
             if not self._rebuild(task, evaluation):
-                return routes, f"; a route to {evaluation.row.backend} was not tried (building it here failed)"
+                return False, f"; a route to {evaluation.row.backend} was not tried (building it here failed)"
         assert chosen.sweep is not None
         sizes = [m.batch_size for m in chosen.sweep.measurements if m.batched]
         current, proposed = _serving(routes, chosen, task.graph_spec), _serving(proposal, chosen, task.graph_spec)
-        spec, device = task.graph_spec, task.device
-        before, after = mixed_call_times([current, proposed], spec, device, plan, sizes, self.profiling)
-        others = sorted({e.row.backend for _, e in proposal if runtime_of(e) != runtime_of(chosen)})
+        before, after = mixed_call_times([current, proposed], task.graph_spec, task.device, plan, sizes,
+                                         self.profiling)
         rerouted = {size for size in sizes if _route_at(proposal, size) is not _route_at(routes, size, chosen)}
         cycle = (f"one call at each batch size {sizes} in turn, p50 ms per call: {_times(after)} with the routes vs "
                  f"{_times(before)} without")
         if route_verdict(before, after, rerouted, margin):
             logger.info("%s: routes to %s confirmed on mixed calls (%s)", describe_task(task), others, cycle)
-            return proposal, f"; routes to another runtime ({', '.join(others)}) confirmed on mixed calls ({cycle})"
+            return True, f"; routes to another runtime ({', '.join(others)}) confirmed on mixed calls ({cycle})"
         for evaluation in built_now:
             if all(evaluation is not e for e in serving) and evaluation.backend is not None:
                 release_quietly(evaluation.backend)
                 evaluation.backend = None
         logger.info("%s: routes to %s not kept: mixed calls did not confirm them (%s)", describe_task(task), others,
                     cycle)
-        return routes, (f"; routes to another runtime ({', '.join(others)}) were measured on mixed calls and not "
-                        f"kept ({cycle}; the rerouted batch sizes need {margin:.2f}x less time together, and no "
-                        "batch size more than that factor of its time without)")
+        return False, (f"; routes to another runtime ({', '.join(others)}) were measured on mixed calls and not "
+                       f"kept ({cycle}; the rerouted batch sizes need {margin:.2f}x less time together, and no "
+                       "batch size more than that factor of its time without)")
+
+
+def _proposals(chosen: Evaluation, evaluations: list[Evaluation], routes: Routes | None, margin: float) -> list[Routes]:
+    """One proposal per other runtime with a faster candidate somewhere, the largest time saved on paper first."""
+    own = runtime_of(chosen)
+    others = sorted({runtime_of(e) for e in evaluations if e.sweep is not None and e.template is not None} - {own})
+    found = []
+    for runtime in others:
+        proposal = batch_routes(chosen, evaluations, margin, other_runtime=runtime)
+        if proposal is not None and any(runtime_of(e) == runtime for _, e in proposal):
+            found.append((_saved_ms(chosen, routes, proposal), proposal))
+    return [proposal for _, proposal in sorted(found, key=lambda pair: -pair[0])]
+
+
+def _saved_ms(chosen: Evaluation, routes: Routes | None, proposal: Routes) -> float:
+    """Milliseconds a cycle of one call at each of the chosen candidate's batch sizes saves on paper (sweeps)."""
+    assert chosen.sweep is not None
+    saved = 0.0
+    for m in chosen.sweep.measurements:
+        now, then = _route_at(routes, m.batch_size, chosen), _route_at(proposal, m.batch_size)
+        speeds = [e.sweep.at(m.batch_size) if e is not None and e.sweep is not None else None for e in (now, then)]
+        if speeds[0] is not None and speeds[1] is not None:
+            saved += m.batch_size * 1000.0 * (1.0 / speeds[0].throughput - 1.0 / speeds[1].throughput)
+    return saved
 
 
 def _route_at(routes: Routes | None, size: int, default: Evaluation | None = None) -> Evaluation | None:

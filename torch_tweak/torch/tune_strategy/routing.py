@@ -3,8 +3,8 @@
 The chosen candidate is the best at its own best batch size; another candidate of the same runtime may
 still be faster at other batch sizes (OpenVINO LATENCY at batch 1 against THROUGHPUT at batch 32).
 Routes are worked out among candidates of the chosen one's runtime: calls alternating between runtimes pay
-for their competing thread pools, which single-runtime measurements never see. Routes to other runtimes
-(``any_runtime=True``) are only proposals, which ``mixed_routes.py`` keeps when calls of mixed batch sizes
+for their competing thread pools, which single-runtime measurements never see. Routes to another runtime
+(``other_runtime=``) are only proposals, which ``mixed_routes.py`` keeps when calls of mixed batch sizes
 confirm them.
 """
 
@@ -53,13 +53,12 @@ def worth_keeping(evaluations: list[Evaluation], margin: float) -> list[Evaluati
 
 
 def batch_routes(chosen: Evaluation, evaluations: list[Evaluation], margin: float,
-                 any_runtime: bool = False) -> Routes | None:
+                 other_runtime: str | None = None) -> Routes | None:
     """``(max_batch_size, evaluation)`` ranges, or None when the chosen candidate should serve every batch size.
 
-    At each batch size the chosen candidate measured, a candidate of its runtime (of any runtime with
-    ``any_runtime``) that measured the same batch size takes over when its throughput is at least ``margin``
-    times the chosen one's (and the highest such). A batch size between two measured ones goes with the
-    smaller; the last range is open.
+    At each batch size the chosen candidate measured, a candidate of its runtime (or of ``other_runtime``) that
+    measured the same batch size takes over when its throughput is at least ``margin`` times the chosen one's
+    (and the highest such). A batch size between two measured ones goes with the smaller; the last range is open.
     """
     if chosen.sweep is None or (chosen.backend is None and not chosen.reused):
         return None
@@ -68,7 +67,7 @@ def batch_routes(chosen: Evaluation, evaluations: list[Evaluation], margin: floa
     if len(sizes) < 2:
         return None
     rivals = [e for e in _alive(evaluations)
-              if e is not chosen and (any_runtime or runtime_of(e) == runtime_of(chosen))]
+              if e is not chosen and runtime_of(e) in (runtime_of(chosen), other_runtime)]
     assignment: list[Evaluation] = []
     for size in sizes:
         pick, speed = chosen, own[size]
