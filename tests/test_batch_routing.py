@@ -166,6 +166,25 @@ def test_a_route_to_another_runtime_is_not_kept_when_switching_runtimes_costs_mo
     assert list(wrapped.backends.values())[0].state.value == "active"
 
 
+class _SlightlyContendingTorch(_Contending, TimedBackend):
+    switch_ms = 0.1
+
+
+class _SlightlyContendingOpenVINO(_Contending, _OtherRuntime):
+    switch_ms = 0.1
+
+
+def test_a_route_is_kept_when_its_gain_outweighs_what_the_next_call_pays_for_the_switch(clock):
+    _LAST_RUNTIME[0] = None
+    other = _SlightlyContendingOpenVINO(clock, ms_per_call=0.3, ms_per_sample=0.5)
+    high_throughput = _SlightlyContendingTorch(clock, ms_per_call=1.2, ms_per_sample=0.01)
+    strat = strategy(tt.HighestThroughputStrategy, clock, [high_throughput, other], eager_ms=1.5, eager_per_sample=0.2)
+    _, _, graph = tune(strat)
+    # batch 2 follows the other runtime's call and is 8 % slower; batch 1 is 1.34x faster
+    assert graph.chosen == f"BatchRouterBackend(batch<=1: {other.describe()}, batch>=2: {high_throughput.describe()})"
+    assert "p50 ms per call: 0.9/1.32/1.24/1.28 with the routes vs 1.21/1.22/1.24/1.28 without" in graph.reason
+
+
 def test_a_margin_below_eager_margin_does_not_route(clock):
     close = TimedBackend(clock, ms_per_call=1.17, ms_per_sample=0.01, label="close")  # 1.18 vs 1.21 ms at b1: 2.5 %
     _, high_throughput = latency_and_throughput(clock)
