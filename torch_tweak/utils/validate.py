@@ -46,6 +46,14 @@ def check_number(value: Any, what: str, *, minimum: float | None = None, maximum
     raise ConfigError(f"{what} must be {_describe('a number', minimum, maximum, allow_none)}, got {value!r}.")
 
 
+def check_positive(value: Any, what: str, *, allow_zero: bool) -> float:
+    """``value`` as a float if it is a finite number > 0 (or 0, with ``allow_zero``)."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{what} must be a finite number {'>=' if allow_zero else '>'} 0, got {value!r}.")
+    return float(value)
+
+
 def check_choice(value: T, what: str, choices: Iterable[T], *, allow_none: bool = False) -> T:
     """``value`` if it is one of ``choices`` (or None when allowed)."""
     options = list(choices)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import math
 import threading
 import time
 from abc import abstractmethod
@@ -71,17 +70,9 @@ from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_route
 from torch_tweak.torch.tune_strategy.screening import BuildCosts, ScreeningSteps, screening_plan
 from torch_tweak.torch.tune_strategy.stand_ins import StandIns
 from torch_tweak.torch.tune_strategy.sweeping import sweep_backend
-from torch_tweak.utils.validate import check_bool, check_int
+from torch_tweak.utils.validate import check_bool, check_int, check_positive
 
 logger = logging.getLogger(__name__)
-
-
-
-def _check_number(owner: str, name: str, value: Any, *, allow_zero: bool) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{owner}: {name} must be a finite number {'>=' if allow_zero else '>'} 0, got {value!r}.")
-    return float(value)
 
 
 class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, MixedRoutes, StandIns, TuneStrategy):
@@ -142,16 +133,16 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
             raise ConfigError(f"{owner}: profiling must be a ProfilingConfig, got {type(profiling).__name__}.")
         self.profiling = apply_stop_rules(profiling or ProfilingConfig(), measurement_stop_strategy,
                                           profiling_stop_strategy, owner)
-        self.eager_margin = _check_number(owner, "eager_margin", eager_margin, allow_zero=True)
+        self.eager_margin = check_positive(eager_margin, f"{owner}: eager_margin", allow_zero=True)
         if candidate_time_limit_s is not None:
-            candidate_time_limit_s = _check_number(owner, "candidate_time_limit_s", candidate_time_limit_s,
-                                                   allow_zero=False)
+            candidate_time_limit_s = check_positive(candidate_time_limit_s, f"{owner}: candidate_time_limit_s",
+                                                        allow_zero=False)
         self.candidate_time_limit_s = candidate_time_limit_s
         self.find_max_batch_size = check_bool(find_max_batch_size, f"{owner}: find_max_batch_size")
         self.max_batch_size_limit = check_int(max_batch_size_limit, f"{owner}: max_batch_size_limit", minimum=1)
         self.baseline = backends_from([baseline], owner)[0] if baseline is not None else TorchEagerBackend()
         self.screening = check_bool(screening, f"{owner}: screening")
-        self.screening_margin = _check_number(owner, "screening_margin", screening_margin, allow_zero=True)
+        self.screening_margin = check_positive(screening_margin, f"{owner}: screening_margin", allow_zero=True)
         if self.screening_margin >= 1:
             raise ConfigError(f"{owner}: screening_margin must be < 1 (0.5 sweeps candidates with at least half the "
                               f"best screened throughput), got {screening_margin!r}.")
