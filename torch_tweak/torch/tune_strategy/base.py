@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 
 #: Samples a calibrating candidate calibrates on, at most (whole recorded calls, the first ones recorded). Calibration
 #: runs the float model over each of them, more than once: NNCF took 19.6 s on a ResNet-50 with the 190 samples of
-#: 80 recorded calls, against 7.8 s with 64 samples (``benchmarks/results/peers_full.md``, OpenVINO INT8 by hand).
+#: 80 recorded calls, against 7.8 s with 64 samples (OpenVINO INT8 by hand in the 2026-12-01 09:24 peer run).
 CALIBRATION_SAMPLES = 64
 
 
