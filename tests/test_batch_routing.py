@@ -102,11 +102,21 @@ class _Contending:
 
 
 class _ContendingTorch(_Contending, TimedBackend):
-    switch_ms = 1.0
+    pass
 
 
 class _ContendingOpenVINO(_Contending, _OtherRuntime):
-    switch_ms = 1.0
+    pass
+
+
+def contending_pair(clock, switch_ms):
+    """The low-latency backend on "openvino" and the high-throughput one on torch, each paying ``switch_ms`` for a
+    call right after the other runtime's."""
+    _LAST_RUNTIME[0] = None
+    other = _ContendingOpenVINO(clock, ms_per_call=0.3, ms_per_sample=0.5)
+    high_throughput = _ContendingTorch(clock, ms_per_call=1.2, ms_per_sample=0.01)
+    other.switch_ms = high_throughput.switch_ms = switch_ms
+    return other, high_throughput
 
 
 def test_a_route_to_another_runtime_is_kept_when_mixed_calls_confirm_it(clock):
@@ -152,9 +162,7 @@ def test_a_small_batch_gain_counts_even_when_large_batches_fill_the_cycle(clock)
 
 
 def test_a_route_to_another_runtime_is_not_kept_when_switching_runtimes_costs_more(clock):
-    _LAST_RUNTIME[0] = None
-    other = _ContendingOpenVINO(clock, ms_per_call=0.3, ms_per_sample=0.5)
-    high_throughput = _ContendingTorch(clock, ms_per_call=1.2, ms_per_sample=0.01)
+    other, high_throughput = contending_pair(clock, switch_ms=1.0)
     strat = strategy(tt.HighestThroughputStrategy, clock, [high_throughput, other], eager_ms=1.5, eager_per_sample=0.2)
     wrapped, _, graph = tune(strat)
     assert graph.chosen == high_throughput.describe()
@@ -166,18 +174,8 @@ def test_a_route_to_another_runtime_is_not_kept_when_switching_runtimes_costs_mo
     assert list(wrapped.backends.values())[0].state.value == "active"
 
 
-class _SlightlyContendingTorch(_Contending, TimedBackend):
-    switch_ms = 0.1
-
-
-class _SlightlyContendingOpenVINO(_Contending, _OtherRuntime):
-    switch_ms = 0.1
-
-
 def test_a_route_is_kept_when_its_gain_outweighs_what_the_next_call_pays_for_the_switch(clock):
-    _LAST_RUNTIME[0] = None
-    other = _SlightlyContendingOpenVINO(clock, ms_per_call=0.3, ms_per_sample=0.5)
-    high_throughput = _SlightlyContendingTorch(clock, ms_per_call=1.2, ms_per_sample=0.01)
+    other, high_throughput = contending_pair(clock, switch_ms=0.1)
     strat = strategy(tt.HighestThroughputStrategy, clock, [high_throughput, other], eager_ms=1.5, eager_per_sample=0.2)
     _, _, graph = tune(strat)
     # batch 2 follows the other runtime's call and is 8 % slower; batch 1 is 1.34x faster
