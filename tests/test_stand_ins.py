@@ -64,6 +64,35 @@ def test_inductor_jit_and_aot_stand_in_for_each_other_once_one_is_screened_out()
         tt.HighestThroughputStrategy(skip_stand_ins="yes")
 
 
+def _measured(template, ms_at: dict[int, float], status: str = "passed") -> Evaluation:
+    row = CandidateReport(backend=template.describe(), key=template.key(), status=status)
+    sweep = SweepResult([Measurement(batch, [ms]) for batch, ms in ms_at.items()])
+    return Evaluation("candidate", row, None, sweep, None, template=template)
+
+
+def test_inductor_aot_is_skipped_when_jit_without_its_overhead_would_still_lag_the_best() -> None:
+    strategy = tt.HighestThroughputStrategy()
+    best = _measured(tt.backend.TorchEagerBackend(), {1: 40.0, 32: 1300.0})  # the fastest so far, at both ends
+    jit = _measured(TorchInductorBackend(), {1: 90.0, 32: 1800.0})  # 0.45x and 0.72x of it
+    row = strategy._stand_in_row(TorchInductorAOTBackend(), "candidate", None, [best, jit])
+    assert row is not None and row.status == "skipped"
+    assert row.error.startswith("skipped: it compiles the graph into the same kernels as TorchInductorBackend(), "
+                                "which even without 0.5 ms of per-call overhead would reach only 0.45x at batch 1, "
+                                "0.72x at batch 32 of the best candidate's throughput (under 1/1.25)")
+    # within the noise of the best at one end: built
+    close = _measured(TorchInductorBackend(), {1: 90.0, 32: 1500.0})
+    assert strategy._stand_in_row(TorchInductorAOTBackend(), "candidate", None, [best, close]) is None
+    # calls as short as the overhead AOT removes (a tiny MLP): it may well win, so it is built
+    tiny_best = _measured(tt.backend.TorchEagerBackend(), {1: 0.02, 32: 0.1})
+    tiny_jit = _measured(TorchInductorBackend(), {1: 0.4, 32: 0.6})
+    assert strategy._stand_in_row(TorchInductorAOTBackend(), "candidate", None, [tiny_best, tiny_jit]) is None
+    # the rule runs one way: JIT is built after a lagging AOT (it may specialise shapes AOT keeps dynamic)
+    aot = _measured(TorchInductorAOTBackend(), {1: 90.0, 32: 1800.0})
+    assert strategy._stand_in_row(TorchInductorBackend(), "candidate", None, [best, aot]) is None
+    assert tt.HighestThroughputStrategy(skip_stand_ins=False)._stand_in_row(
+        TorchInductorAOTBackend(), "candidate", None, [best, jit]) is None
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not backend_available("TorchAOBackend"), reason="needs torchao")
 def test_torchao_is_skipped_on_a_graph_whose_linear_layers_do_almost_none_of_the_work() -> None:

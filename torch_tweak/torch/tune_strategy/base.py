@@ -104,13 +104,13 @@ class GraphTask:
         data = self.data()
         return data[:-1] if len(data) >= 2 else data
 
-    def judged_calls(self) -> Iterator[tuple[Sample, Any, bool]]:
+    def judged_calls(self, held_out: bool = True) -> Iterator[tuple[Sample, Any, bool]]:
         """``(inputs, eager outputs, held out)`` of every call the fidelity check judges: the in-memory samples
-        (copied), then the held-out calls of :attr:`store` (loaded one at a time, so their outputs are never
-        all in memory). Every candidate is judged on the same calls."""
+        (copied), then (unless ``held_out`` is False) the held-out calls of :attr:`store` (loaded one at a time,
+        so their outputs are never all in memory). Every candidate is judged on the same calls."""
         for sample in self.samples:
             yield copy.deepcopy(sample.sample), sample.outputs, False
-        if self.store is not None:
+        if held_out and self.store is not None:
             for inputs, outputs, _ in self.store.held_out():
                 yield inputs, outputs, True
 
@@ -231,11 +231,14 @@ class TuneStrategy(ABC):
     def _tune(self, task: GraphTask) -> Backend:
         """Return a built, active, checked backend, or raise."""
 
-    def try_backend(self, template: Backend, task: GraphTask, role: str = "candidate") -> tuple[Backend, CandidateReport]:
+    def try_backend(self, template: Backend, task: GraphTask, role: str = "candidate",
+                    confirm: bool = False) -> tuple[Backend, CandidateReport]:
         """Build and check a copy of ``template``; raises :class:`CandidateFailedError` with the report row.
 
         The backend returned is the built copy, or that copy behind the non-finite guard (then the row's
-        ``backend`` says so); either way it is what the strategy measures and may choose.
+        ``backend`` says so); either way it is what the strategy measures and may choose. ``confirm`` checks
+        a build whose outputs were judged before (the same artifact, rebuilt; the eager baseline against its
+        own recordings): the in-memory samples first, every judged call only if they do not pass.
         """
         backend = copy.deepcopy(template)
         row = CandidateReport(backend=backend.describe(), key=backend.key(), role=role)
@@ -259,18 +262,20 @@ class TuneStrategy(ABC):
         row.precision = backend.executed_precision
         if self._correctness_check:
             progress.update(phase="check")
-            backend = self._check(backend, task, row)
+            backend = self._check(backend, task, row, confirm)
         row.status = PASSED
         if getattr(self, "profiling", None) is not None:  # measuring strategies measure next
             progress.update(phase="measure")
         return backend, row
 
-    def _check(self, backend: Backend, task: GraphTask, row: CandidateReport) -> Backend:
+    def _check(self, backend: Backend, task: GraphTask, row: CandidateReport, confirm: bool = False) -> Backend:
         """Compare ``backend`` on the recorded calls (:meth:`GraphTask.judged_calls`: the in-memory samples and
-        the held-out calls kept on disk, one at a time), then probe it; returns it, or it behind the guard."""
+        the held-out calls kept on disk, one at a time), then probe it; returns it, or it behind the guard.
+        ``confirm``: the in-memory samples alone when they pass (a subset can fail a pooled task metric or a
+        mismatch fraction that every call passes, so then every call is judged)."""
 
-        def outputs() -> Iterator[tuple[Any, Any, bool]]:
-            for (args, kwargs), expected, held_out in task.judged_calls():
+        def outputs(held_out_calls: bool = True) -> Iterator[tuple[Any, Any, bool]]:
+            for (args, kwargs), expected, held_out in task.judged_calls(held_out_calls):
                 try:
                     with torch.no_grad():
                         actual = backend.infer(*args, **kwargs)
@@ -281,7 +286,10 @@ class TuneStrategy(ABC):
                     raise CandidateFailedError(row) from exc
                 yield expected, actual, held_out
 
-        result = check_calls(outputs(), row.precision or "fp32", self.fidelity)
+        precision = row.precision or "fp32"
+        result = check_calls(outputs(False), precision, self.fidelity) if confirm and task.samples else None
+        if result is None or not result.passed:
+            result = check_calls(outputs(), precision, self.fidelity)
         if result is None:
             return backend
         sample = probe_sample(task.samples)

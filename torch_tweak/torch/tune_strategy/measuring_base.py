@@ -370,7 +370,8 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
 
     def _build_and_measure(self, template: Backend, task: GraphTask, role: str, plan: Plan,
                            cancel: threading.Event) -> tuple[Backend, SweepResult]:
-        backend, row = self.try_backend(template, task, role)
+        # eager against its own recordings: the in-memory calls show whether it reproduces them (dropout left on)
+        backend, row = self.try_backend(template, task, role, confirm=role == BASELINE)
         try:
             result = self._measure_backend(backend, task, plan, cancel)
         except ProfilingCancelledError:

@@ -10,7 +10,10 @@ tens of seconds (a ResNet-50 on 2 cores: TorchAO 39 s, Inductor 61 s, Inductor A
 * ``TorchInductorBackend`` and ``TorchInductorAOTBackend`` compile the graph with the same compiler into the same
   kernels; they differ in per-call overhead (Dynamo's guards), which matters at small batches only. When one
   was screened out (below ``1 - screening_margin`` of the best at both screening ends, the large one included),
-  the other is skipped.
+  the other is skipped. Inductor AOT is also skipped when Inductor JIT's calls, made shorter by more than its
+  whole per-call overhead (:data:`JIT_OVERHEAD_MS`), would still lag the best candidate by more than a
+  re-measurement moves (:data:`NOISE`) at every batch size measured: a ResNet-50 whose JIT build ran at 0.7x
+  ONNX Runtime's throughput spent 28 s building its AOT twin for 0.7x.
 
 A skipped candidate is a ``skipped`` row naming what stood in for it. ``skip_stand_ins=False`` on a measuring
 strategy builds every candidate.
@@ -29,11 +32,17 @@ from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.report.status import CandidateStatus
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
 from torch_tweak.torch.tune_strategy.results import Evaluation
+from torch_tweak.torch.tune_strategy.screening import best_at_ends
 
 logger = logging.getLogger(__name__)
 
 #: Below this share of a graph's multiply-adds in ``nn.Linear`` layers, quantizing them cannot change its speed.
 LINEAR_SHARE = 0.01
+#: More than the per-call time Inductor AOT saves over Inductor JIT on the same kernels (Dynamo's guards and the
+#: Python wrapper take tens of microseconds on CPU).
+JIT_OVERHEAD_MS = 0.5
+#: How much a candidate's throughput moved between two measurements on these shared 2-core machines (up to 25 %).
+NOISE = 1.25
 _INDUCTOR, _AOT, _TORCHAO = "TorchInductorBackend", "TorchInductorAOTBackend", "TorchAOBackend"
 
 
@@ -89,12 +98,35 @@ class StandIns:
             if sibling is not None and sibling.row.status == CandidateStatus.SCREENED_OUT:
                 reason = (f"it compiles the graph into the same kernels as {sibling.row.backend}, which was screened "
                           "out")
+            elif sibling is not None and name == _AOT and (lag := aot_lag(sibling, evaluations)) is not None:
+                reason = (f"it compiles the graph into the same kernels as {sibling.row.backend}, which even without "
+                          f"{JIT_OVERHEAD_MS:g} ms of per-call overhead would reach only {lag} of the best "
+                          f"candidate's throughput (under 1/{NOISE:g})")
         if reason is None:
             return None
         row = CandidateReport(backend=template.describe(), key=template.key(), role=role,
                               status=CandidateStatus.SKIPPED)
         row.error = f"skipped: {reason}; pass skip_stand_ins=False to the strategy to build it anyway"
         return row
+
+
+def aot_lag(jit: Evaluation, evaluations: list[Evaluation]) -> str | None:
+    """How far Inductor AOT would lag the best candidate at each batch size Inductor JIT (``jit``) was measured
+    at, if it ran JIT's kernels without :data:`JIT_OVERHEAD_MS` per call (``0.62x at batch 1, ...``); None when
+    it could come within :data:`NOISE` of the best at one of them."""
+    if jit.sweep is None or not jit.sweep.measurements:
+        return None
+    best = best_at_ends([e for e in evaluations if e is not jit], [m.batch_size for m in jit.sweep.measurements])
+    ratios = []
+    for measured in jit.sweep.measurements:
+        top, shortened_ms = best.get(measured.batch_size), measured.p50_ms - JIT_OVERHEAD_MS
+        if not top or shortened_ms <= 0:
+            return None
+        ratio = measured.batch_size / (shortened_ms / 1000.0) / top
+        if ratio * NOISE >= 1.0:
+            return None
+        ratios.append(f"{ratio:.2f}x at batch {measured.batch_size}")
+    return ", ".join(ratios)
 
 
 def _default_key(name: str) -> str | None:

@@ -1,0 +1,104 @@
+"""Confirming checks (torch_tweak/torch/tune_strategy/base.py, result_cache.py): a build whose outputs were judged
+before (the eager baseline against its own recordings, a reused or worker-measured candidate built again to serve)
+is judged on the in-memory samples, and on every recorded call only when those do not pass.
+
+Each dataset item is tagged by its value (item ``i`` is ``full(i)``), so the task metric shows which recorded calls
+judged a candidate. A task metric makes tuning keep held-out calls on disk (tt.config.max_num_calibration_samples).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import torch_tweak.torch as tt
+from torch_tweak.torch.fidelity import FidelityConfig
+from torch_tweak.torch.profiling import ProfilingConfig
+from torch_tweak.torch.testing import FakeClock, TimedBackend
+
+JUDGED: list[tuple[float, ...]] = []  # the tags of each call the task metric saw, in order
+MISMATCH: set[float] = set()  # tags on which Flipping backends swap the two scores
+
+
+class Scores(nn.Module):
+    """Two class scores per row, the first one larger for every positive input."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([x[:, 0], -x[:, 0]], dim=1)
+
+
+class Flipping(TimedBackend):
+    """Eager, except that rows whose tag is in :data:`MISMATCH` get their two scores swapped (a wrong top-1)."""
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        out = super()._infer(*args, **kwargs)
+        flip = torch.tensor([float(v) in MISMATCH for v in args[0][:, 0]])
+        return torch.where(flip[:, None], out.flip(1), out)
+
+
+IN_MEMORY = [(1.0,), (1.0, 2.0)]
+
+
+def tagged(count: int) -> list[torch.Tensor]:
+    return [torch.full((4,), float(i + 1)) for i in range(count)]
+
+
+def recording_metric(reference: torch.Tensor, candidate: torch.Tensor) -> float:
+    JUDGED.append(tuple(float(v) for v in reference[:, 0]))
+    return 1.0 - float((reference - candidate).abs().max())
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    JUDGED.clear()
+    MISMATCH.clear()
+    return FakeClock()
+
+
+def tune(clock: FakeClock, fidelity: FidelityConfig, candidate: TimedBackend | None = None,
+         count: int = 64) -> tuple[dict[str, Any], Any]:
+    strategy = tt.HighestThroughputStrategy([candidate or TimedBackend(clock, ms_per_call=0.5)],
+                                            profiling=ProfilingConfig(clock=clock, pause_s=0, min_time_s=0),
+                                            baseline=TimedBackend(clock, ms_per_call=1.0), fidelity=fidelity)
+    model = tt.Module(Scores(), strategy=strategy)
+    report = tt.tune(model, tagged(count), batch_sizes=[1, 2], executor="inline", ignore_failing_modules=False)
+    graph = report.modules[0].graphs[0]
+    return {row.role: row for row in graph.candidates}, graph
+
+
+def test_the_baseline_is_judged_on_the_in_memory_samples_and_the_candidates_on_every_call(clock: FakeClock) -> None:
+    rows, graph = tune(clock, FidelityConfig(metric=recording_metric, threshold=0.99))
+    baseline, candidate = rows["baseline"], rows["candidate"]
+    assert (baseline.fidelity["samples"], baseline.fidelity["held_out_samples"]) == (2, 0)
+    assert JUDGED[:2] == IN_MEMORY  # the baseline: the first call at each batch size, kept in memory
+    held_out = candidate.fidelity["held_out_samples"]
+    assert held_out > 10 and candidate.fidelity["samples"] == 2 + held_out
+    assert JUDGED[2:4] == IN_MEMORY and len(JUDGED) == 4 + held_out
+    assert graph.chosen == candidate.backend
+
+
+def test_a_rebuilt_result_is_confirmed_on_the_in_memory_samples_and_keeps_the_full_check(clock: FakeClock) -> None:
+    fidelity = FidelityConfig(metric=recording_metric, threshold=0.99)
+    first, _ = tune(clock, fidelity)
+    JUDGED.clear()
+    second, graph = tune(clock, fidelity)  # every result reused; the chosen one is built again to serve
+    assert second["candidate"].reused and graph.chosen == second["candidate"].backend
+    assert JUDGED == IN_MEMORY  # the confirming check only
+    assert second["candidate"].fidelity == first["candidate"].fidelity  # the report shows the full check
+
+
+def test_when_the_in_memory_samples_fail_a_pooled_metric_every_call_is_judged(clock: FakeClock) -> None:
+    """Top-1 agreement pools over rows: tag 1 wrong fails 0.9 on the in-memory rows (2 of 3), not on all of them."""
+    fidelity = FidelityConfig(metric="topk", k=1, threshold=0.9)
+    first, _ = tune(clock, fidelity, Flipping(clock, ms_per_call=0.5))
+    assert first["candidate"].status == "chosen"
+    MISMATCH.add(1.0)  # the rebuilt candidate now gets the first in-memory call wrong
+    second, graph = tune(clock, fidelity, Flipping(clock, ms_per_call=0.5))
+    assert graph.chosen == second["candidate"].backend and second["candidate"].status == "chosen"
+    MISMATCH.update(float(i) for i in range(65))  # every answer wrong: the whole set fails too
+    third, graph = tune(clock, fidelity, Flipping(clock, ms_per_call=0.5))
+    assert third["candidate"].status == "rejected" and "top1" in third["candidate"].error
+    assert graph.chosen == third["baseline"].backend
