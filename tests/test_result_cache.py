@@ -148,3 +148,17 @@ def test_a_killed_run_resumes_without_rebuilding_what_finished(tmp_path):
     assert rebuilt == ["Logged(label=dies)", "Logged(ms_per_call=0.5)"]  # the rest, then the winner
     assert resumed.stdout.strip().endswith(
         "['Logged()', 'Logged(ms_per_call=0.5)', 'Logged(ms_per_call=0.8)']")
+
+
+def test_a_candidate_serving_two_batch_ranges_is_built_once_when_reused(clock):
+    """A router sends batch 1 and 8 to one candidate and batch 2-7 to another: the second run builds each once."""
+    def candidates():
+        return [Counted(clock, ms_per_call=0.1, ms_per_sample=0.1),
+                Counted(clock, ms_per_call=0.25, ms_per_sample_squared=0.012)]
+
+    _, graph = run(clock, candidates())
+    assert graph.chosen.startswith("BatchRouterBackend(batch<=1: ") and graph.chosen.count("ms_per_call=0.1,") == 2
+    BUILDS.clear()
+    _, again = run(clock, candidates())
+    assert again.chosen == graph.chosen
+    assert sorted(BUILDS) == sorted(c.describe() for c in candidates())  # each once, though one serves two ranges

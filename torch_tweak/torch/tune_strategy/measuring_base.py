@@ -65,6 +65,7 @@ from torch_tweak.torch.tune_strategy.results import (
     StrategyResult,
     precision_retry,
     selection_dict,
+    unbuilt,
 )
 from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
 from torch_tweak.torch.tune_strategy.screening import BuildCosts, ScreeningSteps, screening_plan
@@ -226,7 +227,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
             chosen, reason = self._choose(task, evaluations, self._best(evaluations))
             routes = batch_routes(chosen, evaluations, 1.0 + self.eager_margin) if self._routes_batches else None
             serving = [chosen] if routes is None else [e for _, e in routes]
-            missing = [e for e in serving if e.backend is None]
+            missing = unbuilt(serving)
             if not missing:
                 break
             for evaluation in missing:

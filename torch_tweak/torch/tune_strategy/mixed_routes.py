@@ -28,7 +28,7 @@ from torch_tweak.torch.backend.batch_router import BatchRouterBackend
 from torch_tweak.torch.module.spec import GraphSpec, resize_batch
 from torch_tweak.torch.profiling import ProfilingConfig, device_sync, percentile
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task, release_quietly
-from torch_tweak.torch.tune_strategy.results import Evaluation, Plan
+from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, unbuilt
 from torch_tweak.torch.tune_strategy.routing import Routes, batch_routes, runtime_of
 
 logger = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class MixedRoutes:
         """Measure ``proposal`` against ``routes`` on mixed calls: whether it is kept, and what the reason adds."""
         serving = [chosen] if routes is None else [e for _, e in routes]
         others = sorted({e.row.backend for _, e in proposal if runtime_of(e) != runtime_of(chosen)})
-        built_now = [e for _, e in proposal if e.backend is None]
+        built_now = unbuilt(e for _, e in proposal)
         for evaluation in built_now:
             if not self._rebuild(task, evaluation):
                 return False, f"; a route to {evaluation.row.backend} was not tried (building it here failed)"

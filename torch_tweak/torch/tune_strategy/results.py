@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,12 @@ class Plan:
     sample: Any
     known: tuple[Measurement, ...] = ()
 
+
+
+def unbuilt(evaluations: Iterable[Evaluation]) -> list[Evaluation]:
+    """The evaluations without a built backend, each once (a router may send two batch-size ranges to the same
+    candidate; building it twice would leak the first build)."""
+    return list({id(e): e for e in evaluations if e.backend is None}.values())
 
 
 def selection_dict(metric: str, pick: Measurement | None) -> dict[str, Any] | None:
