@@ -1,4 +1,4 @@
-"""Shared timing helpers for the benchmark scripts (median of blocks, spread, machine load)."""
+"""Shared timing helpers for the benchmark scripts (median of blocks, spread, paired blocks, machine load)."""
 
 from __future__ import annotations
 
@@ -25,3 +25,41 @@ def time_calls(fn: Callable[[], Any], calls: int, blocks: int = 7, warmup: int =
 def load_average() -> float:
     """1-minute load average (a hint that another job shares the machine)."""
     return os.getloadavg()[0]
+
+
+def call_times(fn: Callable[[], Any], n: int) -> list[float]:
+    """Per-call wall times in µs, each call timed on its own."""
+    times = []
+    for _ in range(n):
+        start = time.perf_counter_ns()
+        fn()
+        times.append((time.perf_counter_ns() - start) / 1000)
+    return times
+
+
+def paired_blocks(direct: Callable[[], Any], tuned: Callable[[], Any], calls: int, block: int) -> dict[str, float]:
+    """Time both callables in alternating blocks of ``block`` calls (order swapped every round).
+
+    Returns the overall medians (µs) and, robust to load changing over time (a shared machine), the median
+    over rounds of the per-round difference and ratio of the two block medians.
+    """
+    for fn in (direct, tuned):
+        call_times(fn, 200)
+    all_d: list[float] = []
+    all_t: list[float] = []
+    diffs, ratios = [], []
+    for round_ in range(max(1, calls // block)):
+        pair = [("d", direct), ("t", tuned)]
+        medians = {}
+        for name, fn in pair if round_ % 2 == 0 else pair[::-1]:
+            times = call_times(fn, block)
+            (all_d if name == "d" else all_t).extend(times)
+            medians[name] = statistics.median(times)
+        diffs.append(medians["t"] - medians["d"])
+        ratios.append(medians["d"] / medians["t"])
+    return {
+        "direct": statistics.median(all_d),
+        "tuned": statistics.median(all_t),
+        "extra": statistics.median(diffs),
+        "ratio": statistics.median(ratios),
+    }

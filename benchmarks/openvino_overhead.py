@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _timing import paired_blocks
 from torch import nn
 
 from torch_tweak.torch.backend.openvino import OpenVINOBackend, OpenVINOBackendConfig
@@ -44,44 +43,6 @@ def cnn() -> nn.Module:
 
 
 MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {"mlp": (mlp, (512,)), "cnn": (cnn, (3, 32, 32))}
-
-
-def time_calls(fn: Callable[[], object], n: int) -> list[float]:
-    """Per-call wall times in µs."""
-    times = []
-    for _ in range(n):
-        start = time.perf_counter_ns()
-        fn()
-        times.append((time.perf_counter_ns() - start) / 1000)
-    return times
-
-
-def measure(direct: Callable[[], object], tuned: Callable[[], object], calls: int, block: int) -> dict[str, float]:
-    """Time both callables in alternating blocks of ``block`` calls (order swapped every round).
-
-    Returns the overall medians (µs) and, robust to load changing over time (a shared machine), the median
-    over rounds of the per-round difference and ratio of the two block medians.
-    """
-    for fn in (direct, tuned):
-        time_calls(fn, 200)
-    all_d: list[float] = []
-    all_t: list[float] = []
-    diffs, ratios = [], []
-    for round_ in range(max(1, calls // block)):
-        pair = [("d", direct), ("t", tuned)]
-        medians = {}
-        for name, fn in pair if round_ % 2 == 0 else pair[::-1]:
-            times = time_calls(fn, block)
-            (all_d if name == "d" else all_t).extend(times)
-            medians[name] = statistics.median(times)
-        diffs.append(medians["t"] - medians["d"])
-        ratios.append(medians["d"] / medians["t"])
-    return {
-        "direct": statistics.median(all_d),
-        "tuned": statistics.median(all_t),
-        "extra": statistics.median(diffs),
-        "ratio": statistics.median(ratios),
-    }
 
 
 def build(name: str, cache: Path, config: OpenVINOBackendConfig) -> OpenVINOBackend:
@@ -113,7 +74,7 @@ def run_hint(hint: str, precision: str | None, calls: int, block: int, tmp: Path
                 return backend.infer(x)
 
             n, b = (calls, block) if batch == 1 else (max(calls // 8, 20), max(block // 5, 2))
-            rows.append((name, batch, backend.executed_precision, measure(direct, tuned, n, b)))
+            rows.append((name, batch, backend.executed_precision, paired_blocks(direct, tuned, n, b)))
     return rows
 
 

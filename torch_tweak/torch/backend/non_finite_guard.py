@@ -14,10 +14,11 @@ floats: ``torch.isfinite(t).all()`` 24 µs / 0.7 ms / 41 ms (it writes a bool te
 ``t.sum()`` (non-finite exactly when an element is, or when finite values overflow) 5 µs / 14 µs / 2.2 ms
 on one thread, but 6 µs / 0.36 ms / 20 ms on two, and next to OpenVINO calls it added 12 ms to a 5 ms
 call because torch's and OpenVINO's worker threads compete for the cores; numpy's single-threaded
-``isfinite(a).all()`` (exact) 6 µs / 36-53 µs / 3.8-4.1 ms and +0.6 ms next to OpenVINO. Torch reduces
-tensors of fewer than 32768 elements on the calling thread, so those are summed by torch (the cheapest);
-larger CPU tensors numpy can view (float16/32/64) are checked by numpy, the rest (bfloat16, other devices)
-summed by torch.
+``isfinite(a).all()`` (exact) 6 µs / 36-53 µs / 3.8-4.1 ms and +0.6 ms next to OpenVINO. Between OpenVINO
+calls even a small tensor's ``t.sum().item()`` costs 13-16 µs (1x16 to 32x256 floats, AMD EPYC, 2 cores)
+against 6-8 µs for numpy's ``add.reduce``. So CPU tensors numpy can view (float16/32/64) are checked by
+numpy: summed below :data:`_INLINE` elements, ``isfinite`` above; the rest (bfloat16, other devices) are
+summed by torch, which reduces fewer than :data:`_INLINE` elements on the calling thread.
 
 Like :class:`~torch_tweak.torch.backend.batch_router.BatchRouterBackend` it is assembled from an already
 built backend, never built from a template, and its checkpoint state nests the inner backend's.
@@ -53,6 +54,7 @@ _Tensor = torch.Tensor
 _INLINE = 32768  # torch reduces fewer elements on the calling thread (at::internal::GRAIN_SIZE): no pool wakes up
 _NUMPY = (torch.float32, torch.float64, torch.float16)  # dtypes numpy can view without a copy
 _WIDEN = (torch.float16, torch.bfloat16)  # summed in float32 so that a large finite input does not overflow
+_NUMPY_SUM = {torch.float16: np.float32}  # the same for numpy's sums
 
 
 def all_finite(tensors: Sequence[Any]) -> bool:
@@ -61,8 +63,12 @@ def all_finite(tensors: Sequence[Any]) -> bool:
     for t in tensors:
         if not isinstance(t, _Tensor) or not t.is_floating_point():
             continue
-        if t.numel() >= _INLINE and t.is_cpu and t.dtype in _NUMPY and type(t) is _Tensor:
-            if not np.isfinite((t.detach() if t.requires_grad else t).numpy()).all():
+        if t.is_cpu and t.dtype in _NUMPY and type(t) is _Tensor:
+            array = (t.detach() if t.requires_grad else t).numpy()
+            if array.size >= _INLINE:
+                if not np.isfinite(array).all():
+                    return False
+            elif not math.isfinite(np.add.reduce(array, axis=None, dtype=_NUMPY_SUM.get(t.dtype))):
                 return False
         elif not math.isfinite((t.sum(dtype=torch.float32) if t.dtype in _WIDEN else t.sum()).item()):
             return False
