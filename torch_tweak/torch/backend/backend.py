@@ -1,4 +1,5 @@
-"""The Backend contract: configuration, state machine and the methods every backend implements.
+"""The Backend contract: state machine and the methods every backend implements (configuration:
+:mod:`.backend_config`, re-exported here).
 
 State machine::
 
@@ -16,25 +17,22 @@ State machine::
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import gc
-import json
 import logging
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from torch_tweak.errors import BackendStateError, ConfigError, UnsupportedDeviceError
+from torch_tweak.errors import BackendStateError, UnsupportedDeviceError
 from torch_tweak.torch._device import normalize_device_string
+from torch_tweak.torch.backend.backend_config import BackendConfig
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample
-from torch_tweak.utils.hashing import hash_string
-from torch_tweak.utils.permissions import open_secure, secure_mkdir
+from torch_tweak.utils.permissions import secure_mkdir
 from torch_tweak.utils.trace import annotate
 
 __all__ = ["QUANTIZED_PRECISIONS", "Backend", "BackendConfig", "BackendState", "Sample"]
@@ -51,81 +49,6 @@ class BackendState(enum.Enum):
     INACTIVE = "inactive"
     CHECKPOINT_LOADED = "checkpoint_loaded"
     DEPLOYED = "deployed"
-
-
-@dataclass
-class BackendConfig:
-    """Base class of backend configurations (dataclasses validated in ``__post_init__``)."""
-
-    def key(self) -> str:
-        """Returns the keys of the backend configuration."""
-        config_dict = self._to_json(self.to_dict())
-        return hash_string(json.dumps(config_dict, sort_keys=True))
-
-    def describe(self) -> str:
-        """Describe the backend configuration. Display only changed fields."""
-        default = self.__class__()
-        return ",".join(self._get_changed_fields(self, default))
-
-    def unsafe_settings(self) -> list[str]:
-        """Settings that could make loading run a program or touch files outside a checkpoint.
-
-        A checkpoint may come from a stranger, so ``tt.load`` refuses a config for which this list is not
-        empty, and ``tt.save`` refuses to write one. Each entry says which setting and why. Fields validated
-        by type and range in ``__post_init__`` are inert; a config with free-form options (compiler flags,
-        folders) overrides this and allows only keys known to be inert.
-        """
-        return []
-
-    def to_dict(self) -> dict[str, Any]:
-        """Returns the state_dict of the backend."""
-        return asdict(self)
-
-    def to_json(self, path: str | Path) -> None:
-        """Saves the backend configuration to a file (created with owner-only permissions)."""
-        config_dict = self._to_json(self.to_dict())
-        with open_secure(path, "w") as f:
-            json.dump(config_dict, f, indent=2)
-
-    @classmethod
-    def from_dict(cls, state_dict: dict[str, Any]) -> BackendConfig:
-        """Create a config from :meth:`to_dict` output; unknown fields are refused."""
-        if not isinstance(state_dict, dict):
-            raise ConfigError(f"{cls.__name__}.from_dict expects a dict, got {type(state_dict).__name__}.")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(state_dict) - known)
-        if unknown:
-            raise ConfigError(f"{cls.__name__} has no field(s) {unknown}; known fields: {sorted(known)}.")
-        return cls(**state_dict)
-
-    @staticmethod
-    def _to_json(obj: Any) -> Any:
-        """Convert ``obj`` recursively into JSON-able values (dtypes and other objects become strings)."""
-        if obj is None or isinstance(obj, (bool, int, float, str)):
-            return obj
-        if isinstance(obj, enum.Enum):
-            return BackendConfig._to_json(obj.value)
-        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            return BackendConfig._to_json(asdict(obj))
-        if isinstance(obj, dict):
-            return {str(k): BackendConfig._to_json(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple, set, frozenset)):
-            items = sorted(obj, key=str) if isinstance(obj, (set, frozenset)) else obj
-            return [BackendConfig._to_json(v) for v in items]
-        if isinstance(obj, torch.dtype):
-            return str(obj).removeprefix("torch.")
-        return str(obj)
-
-    @staticmethod
-    def _get_changed_fields(config: BackendConfig, default: BackendConfig) -> list[str]:
-        """``name=value`` for every field whose value differs from the default."""
-        changed = []
-        for f in dataclasses.fields(config):
-            value = getattr(config, f.name)
-            if value != getattr(default, f.name):
-                shown = BackendConfig._to_json(value)
-                changed.append(f"{f.name}={shown}")
-        return changed
 
 
 class Backend(ABC):

@@ -371,8 +371,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
 
     def _build_and_measure(self, template: Backend, task: GraphTask, role: str, plan: Plan,
                            cancel: threading.Event) -> tuple[Backend, SweepResult]:
-        # eager against its own recordings: the in-memory calls show whether it reproduces them (dropout left on)
-        backend, row = self.try_backend(template, task, role, confirm=role == BASELINE)
+        backend, row = self.try_backend(template, task, role, confirm=role == BASELINE)  # eager vs its own recording
         try:
             result = self._measure_backend(backend, task, plan, cancel)
         except ProfilingCancelledError:
