@@ -64,6 +64,18 @@ def test_same_statuses_and_choice_as_inline_when_the_winner_is_clear():
     assert inline.executor == "inline"
 
 
+
+def test_close_stops_the_worker_cleanly():
+    executor = ProcessExecutor()
+    try:
+        _tune([TorchEagerBackend()], executor, name="closing")
+        process = executor._worker.process
+        assert process.is_alive()
+    finally:
+        executor.close()
+    assert process.exitcode == 0  # left on "stop" (not killed after the join timed out)
+    assert executor._worker is None
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory is watched through /proc")
 def test_crash_runaway_memory_and_native_hang_become_rows_and_tuning_finishes(caplog):
     executor = ProcessExecutor(memory_limit_gb=2.0)

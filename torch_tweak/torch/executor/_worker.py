@@ -12,10 +12,11 @@ import logging
 import os
 import pickle
 import socket
+import sys
 import threading
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NoReturn
 
 
 class _Unloadable:
@@ -41,6 +42,18 @@ class _Forward(logging.Handler):
             self._send(("log", data))
         except Exception:  # noqa: BLE001 - logging must never break the work
             self.handleError(record)
+
+
+def _leave() -> NoReturn:
+    """Exit at once, without the interpreter's teardown. Every reply has been sent and every artifact written
+    (a run finishes before it replies), so what teardown would do is unload torch, OpenVINO and the compilers:
+    3.4 s on a 2-core EPYC after a tiny MLP's tune, which the parent's ``close`` waited for."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed stream: nothing to flush
+            pass
+    os._exit(0)
 
 
 def main(conn: Connection, num_threads: int, log_level: int) -> None:
@@ -77,7 +90,7 @@ def main(conn: Connection, num_threads: int, log_level: int) -> None:
             continue
         kind = message[0]
         if kind == "stop":
-            return
+            _leave()
         if kind == "drop":
             contexts.pop(message[1], None)
         elif kind == "context":
