@@ -184,3 +184,49 @@ def test_phase_detection_can_be_disabled():
     tt.tune(lm, [((torch.randn(4),), {"cache_position": torch.arange(1)}),
                  ((torch.randn(4),), {"cache_position": torch.tensor([5])})], dry_run=True)
     assert [s.phase for s in lm.graph_specs] == [None]
+
+
+class _Counting(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 3)
+        self.batches: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.batches.append(x.shape[0])
+        return self.linear(x)
+
+
+def test_later_batch_sizes_run_one_batch_of_the_items_the_first_ran_in_full(caplog):
+    items = [torch.randn(8) for _ in range(8)]
+    model = _Counting()
+    with caplog.at_level("INFO", logger="torch_tweak"):
+        wrapped, _ = dry_run(model, items, batch_sizes=[1, 2, 4])
+    assert model.batches == [1] * 8 + [2, 4]
+    assert wrapped.graph_specs[0].batch_range() == (1, 4)
+    assert any("Batch size 2: ran 1 batch(es)" in r.getMessage() for r in caplog.records)
+
+    model = _Counting()
+    dry_run(model, items, batch_sizes=[1, 2, 4], max_num_batches_per_batch_size=3)  # the argument caps every size
+    assert model.batches == [1] * 3 + [2] * 3 + [4] * 2
+
+    model = _Counting()
+    tt.config.max_num_batches_after_first_size = None
+    try:
+        dry_run(model, items, batch_sizes=[4, 1])
+    finally:
+        tt.config.max_num_batches_after_first_size = 1
+    assert model.batches == [4] * 2 + [1] * 8
+    with pytest.raises(ConfigError, match="max_num_batches_after_first_size"):
+        tt.config.max_num_batches_after_first_size = 0
+
+
+def test_every_batch_size_keeps_an_in_memory_sample_before_a_second_shape():
+    from torch_tweak.torch.module.state import internals
+
+    items = [{"input_ids": torch.randint(0, 50, (n,)), "attention_mask": torch.ones(n)} for n in (5, 9, 7, 12, 6, 4)]
+    wrapped, _ = dry_run(SeqModel(), items, batch_sizes=[1, 2, 3])
+    (graph,) = internals(wrapped).recorded_graphs()
+    assert len(graph.samples) == tt.config.max_num_samples_stored == 4
+    assert [s.batch_size for s in graph.samples] == [1, 1, 2, 3]  # the third and fourth length gave way
+    assert [s.sample[1]["input_ids"].shape[1] for s in graph.samples] == [5, 9, 5, 5]

@@ -68,6 +68,12 @@ class TorchTweakConfig:
             deleted when tuning ends; three quarters calibrate quantized candidates, the other quarter is held
             out for the fidelity check of every candidate (see :mod:`torch_tweak.torch.module.sample_store`).
             0 records no extra call.
+        max_num_batches_after_first_size: batches ``tt.tune`` runs at each batch size after the first of
+            ``batch_sizes`` (when its ``max_num_batches_per_batch_size`` is None). The first size runs every
+            item; later sizes run the same items again, so one batch shows their shapes, batch axes and eager
+            outputs (each batch size keeps an in-memory sample that every candidate is judged on), and more
+            would only repeat the model's eager time: on a ResNet-50, 64 items at batch sizes 1, 2, 8 and 32
+            are 256 eager inferences where 106 show the same. None: every item at every size.
         device_after_tuning: what happens to a wrapped module's own weights when no chosen backend needs them:
             ``"release"`` frees their memory while every parameter keeps its device, dtype and shape (so
             ``model.device``/``pipe.dtype`` answer as before tuning; using the values raises
@@ -100,6 +106,7 @@ class TorchTweakConfig:
     strict_mode: bool = field(default_factory=lambda: bool(_env_bool("TORCH_TWEAK_STRICT_MODE", True)))
     max_num_samples_stored: int = 4
     max_num_calibration_samples: int = 128
+    max_num_batches_after_first_size: int | None = 1
     device_after_tuning: str | None = "release"
     on_unknown_signature: str = "error"
     progress: bool | None = field(default_factory=lambda: _env_bool("TORCH_TWEAK_PROGRESS", None))
@@ -144,6 +151,8 @@ def _validate(name: str, value: Any) -> Any:
         return check_int(value, "tt.config.max_num_samples_stored", minimum=1)
     if name == "min_num_samples":
         return check_int(value, "tt.config.min_num_samples", minimum=1)
+    if name == "max_num_batches_after_first_size":
+        return check_int(value, "tt.config.max_num_batches_after_first_size", minimum=1, allow_none=True)
     if name == "max_num_calibration_samples":
         return check_int(value, "tt.config.max_num_calibration_samples", minimum=0)
     if name == "default_device":

@@ -58,7 +58,9 @@ def tune(
         func: a ``tt.Module``, a model containing wrapped modules, a pipeline, or any callable.
         dataset: a tensor, a list of items or a ``torch.utils.data.Dataset`` (see ``torch_tweak.torch.dataset``).
         batch_sizes: batch sizes to run the dataset at (default ``[1, 2]``; two or more reveal batch axes).
-        max_num_batches_per_batch_size: cap on calls per batch size (None: the whole dataset).
+        max_num_batches_per_batch_size: cap on calls per batch size. None: the whole dataset at the first
+            size, then ``tt.config.max_num_batches_after_first_size`` batches (1) at each later one (the same
+            items again; None in the config runs them all).
         device: ``"cpu"`` (default, ``tt.config.default_device``), ``"xpu"`` or ``"xpu:N"``.
         dry_run: record and detect graphs only; nothing is built.
         clear_cache: first delete what torch_tweak wrote in its cache folder (files it did not write stay;
@@ -131,10 +133,17 @@ def _record_and_tune(func: Callable[..., Any], items: Any, sizes: list[int], max
                      start: float, budget: TimeBudget | None, executor: Executor) -> TuningReport:
     progress.update(phase="record")
     with recording(session), torch.no_grad():
-        for batch_size in sizes:
+        for position, batch_size in enumerate(sizes):
             session.batch_size = batch_size
+            limit = max_batches
+            if limit is None and position > 0:
+                limit = config.max_num_batches_after_first_size
             for count, (args, kwargs) in enumerate(iter_batches(items, batch_size)):
-                if max_batches is not None and count >= max_batches:
+                if limit is not None and count >= limit:
+                    if max_batches is None:
+                        logger.info("Batch size %d: ran %d batch(es) of the items batch size %d ran in full "
+                                    "(tt.config.max_num_batches_after_first_size=None runs them all)", batch_size,
+                                    count, sizes[0])
                     break
                 func(*args, **kwargs)
     modules: list[Module] = list(session.modules.values())

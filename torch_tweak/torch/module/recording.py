@@ -65,10 +65,24 @@ class GraphRecorder:
         self._input_obs: dict[Observation, None] = {}
         self._output_obs: dict[Observation, None] = {}
         self._stored_shapes: set[tuple[Any, ...]] = set()
+        self._sample_shapes: list[tuple[Any, ...]] = []  # input shapes of each sample, in order
 
-    def wants_sample(self, input_shapes: tuple[Any, ...]) -> bool:
-        """True if a call with these input shapes should be stored (new shapes, below the cap)."""
-        return len(self.samples) < self.max_samples and input_shapes not in self._stored_shapes
+    def wants_sample(self, input_shapes: tuple[Any, ...], batch_size: int | None = None) -> bool:
+        """True if a call with these input shapes should be stored: new shapes, below the cap, or at a batch size
+        no sample has yet when another batch size has two (:meth:`_replaceable`)."""
+        if input_shapes in self._stored_shapes:
+            return False
+        return len(self.samples) < self.max_samples or self._replaceable(batch_size) is not None
+
+    def _replaceable(self, batch_size: int | None) -> int | None:
+        """The sample a call at a new ``batch_size`` replaces once the cap is reached: the latest one of a batch size
+        that has two or more. Every batch size is judged on its own sample before a batch size gets a second shape
+        (text of 64 lengths at batch size 1 would otherwise fill the cap, and the calls at batch size 2 would be
+        judged only where the store holds one of them out)."""
+        sizes = [sample.batch_size for sample in self.samples]
+        if batch_size in sizes:
+            return None
+        return next((i for i in reversed(range(len(sizes))) if sizes.count(sizes[i]) >= 2), None)
 
     def observe(
         self,
@@ -97,7 +111,14 @@ class GraphRecorder:
                    input_shapes: tuple[Any, ...]) -> None:
         """Store a copied call with a detached copy of its eager outputs."""
         reference = map_tensors(outputs, lambda t: t.detach().clone())
+        if len(self.samples) >= self.max_samples:
+            index = self._replaceable(batch_size)
+            if index is None:
+                return
+            del self.samples[index]
+            self._stored_shapes.discard(self._sample_shapes.pop(index))
         self.samples.append(RecordedSample(args, kwargs, reference, batch_size))
+        self._sample_shapes.append(input_shapes)
         self._stored_shapes.add(input_shapes)
 
     def _output_ranks(self) -> tuple[int, ...]:
@@ -179,7 +200,7 @@ class Recorder:
         input_shapes = observe_shapes(input_leaves)
         stored: Sample | None = None
         spilled: list[torch.Tensor] | None = None
-        if graph.wants_sample(input_shapes):
+        if graph.wants_sample(input_shapes, batch_size):
             try:
                 stored = copy.deepcopy((tuple(args), dict(kwargs)))
             except Exception as exc:
