@@ -62,3 +62,15 @@ def test_errors_subclass_builtins():
     assert issubclass(errors.UnsupportedInputError, TypeError)
     for name in errors.__all__:
         assert issubclass(getattr(errors, name), TorchTweakError)
+
+
+def test_int8_kernels_saturate_on_x86_without_vnni_or_amx(monkeypatch):
+    from torch_tweak.torch import environment
+
+    cases = [({"sse4_1", "avx2", "fma"}, True), ({"sse4_1", "avx2", "avx512f", "avx512_vnni"}, False),
+             ({"sse4_1", "avx2", "avx_vnni"}, False), ({"sse4_1", "avx2", "amx_tile", "amx_int8"}, False),
+             ({"asimd", "sve"}, False), (None, False)]
+    for flags, expected in cases:
+        info = environment.CpuInfo("test CPU", None if flags is None else frozenset(flags), 2)
+        monkeypatch.setattr(environment, "cpu_info", lambda info=info: info)
+        assert environment.int8_dot_saturates() is expected, flags

@@ -449,3 +449,19 @@ def test_a_build_reuses_the_model_exported_from_the_same_weights_and_exports_aga
     changed.build(model, spec, [s.sample for s in samples], CPU, tmp_path)
     assert onnx_file.stat().st_mtime_ns != exported_at
     torch.testing.assert_close(changed.infer(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("saturates", [True, False])
+def test_int8_weights_take_seven_bits_where_int8_kernels_saturate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  saturates: bool) -> None:
+    onnx = pytest.importorskip("onnx")
+    from onnx import numpy_helper
+
+    from torch_tweak.torch import environment
+
+    monkeypatch.setattr(environment, "int8_dot_saturates", lambda: saturates)
+    backend, _, _, _ = build("mlp", tmp_path, INT8)
+    graph = onnx.load(str(backend.to_dict()["onnx_model"])).graph
+    weights = [numpy_helper.to_array(t) for t in graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    largest = max(int(abs(w.astype("int32")).max()) for w in weights)
+    assert largest <= 64 if saturates else largest == 127

@@ -178,9 +178,10 @@ def test_int8_calibrates_on_the_calibrating_calls_and_is_judged_on_the_held_out_
 
     monkeypatch.setattr(nncf, "quantize", spy)
     _, report = tune("mlp", "int8")
-    # calls: 8 at batch 1, 2 at batch 4, 1 at batch 8; the first of each shape stays in memory, the 8 others go to
-    # disk, where calls 1 and 5 are held out: calibration sees 5 calls at batch 1 and 1 at batch 4
-    assert seen == [[((1, 32),)] * 5 + [((4, 32),)]]
+    # calls: 8 at batch 1, then one at batch 4 and one at batch 8 (tt.config.max_num_batches_after_first_size); the
+    # first of each shape stays in memory, the 7 others go to disk, where calls 1 and 5 are held out: calibration
+    # sees 5 calls at batch 1
+    assert seen == [[((1, 32),)] * 5]
     row = report.modules[0].graphs[0].candidates[0]
     assert row.fidelity is not None and row.fidelity["passed"]
     assert (row.fidelity["samples"], row.fidelity["held_out_samples"]) == (5, 2)  # 3 in memory + 2 held out
@@ -325,3 +326,27 @@ def test_int8_checkpoint_loads_warm_in_a_fresh_process_without_nncf(tmp_path: Pa
     assert result["backends"] == {"cnn": sorted({type(b).__name__ for b in model.backends.values()})}
     assert not any(result["compiles"].values()), result["compiles"]
     torch.testing.assert_close(load_file(out)["output.0"], expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("saturates", [True, False])
+def test_every_layer_gets_the_overflow_fix_where_int8_kernels_saturate(monkeypatch: pytest.MonkeyPatch,
+                                                                       saturates: bool) -> None:
+    import nncf
+
+    from torch_tweak.torch import environment
+
+    seen: list[dict] = []
+    real = nncf.quantize
+
+    def spy(model, dataset, **options):
+        seen.append(options)
+        return real(model, dataset, **options)
+
+    monkeypatch.setattr(nncf, "quantize", spy)
+    monkeypatch.setattr(environment, "int8_dot_saturates", lambda: saturates)
+    _, report = tune("mlp", "int8")
+    if saturates:  # 7-bit weights are faithful on any CPU (8-bit ones only where the kernels do not saturate)
+        assert report.modules[0].graphs[0].candidates[0].status == CandidateStatus.CHOSEN
+    (options,) = seen
+    fix = getattr(options.get("advanced_parameters"), "overflow_fix", None)
+    assert (fix == nncf.OverflowFix.ENABLE) if saturates else fix is None

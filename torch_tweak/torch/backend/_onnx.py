@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import BackendUnavailableError, ConversionError
+from torch_tweak.torch import environment
 from torch_tweak.torch.backend._compile_helpers import build_failure
 from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
 from torch_tweak.torch.module.forward import pristine
@@ -118,7 +119,9 @@ def quantize_int8_dynamic(source: Path, target: Path, log_dir: Path | None) -> P
     """Write ``source`` with INT8 ``MatMul`` weights (per output channel) to ``target``; return ``target``.
 
     ``Gemm`` nodes (what the exporter makes of an ``nn.Linear`` on 2-D inputs) are first rewritten as
-    ``MatMul`` + ``Add``, which onnxruntime's dynamic quantization handles and ``Gemm`` it does not.
+    ``MatMul`` + ``Add``, which onnxruntime's dynamic quantization handles and ``Gemm`` it does not. On a CPU whose
+    int8 kernels saturate (:func:`~torch_tweak.torch.environment.int8_dot_saturates`) the weights take 7 bits
+    (onnxruntime's ``reduce_range``).
     """
     require("onnx", what="to quantize the ONNX model")
     import onnx
@@ -127,10 +130,14 @@ def quantize_int8_dynamic(source: Path, target: Path, log_dir: Path | None) -> P
     model = onnx.load(str(source))
     large = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     rewritten = _gemm_to_matmul(model)
+    reduce_range = environment.int8_dot_saturates()
+    if reduce_range:
+        logger.info("INT8 weights of %s take 7 bits: this CPU has no VNNI or AMX, and its int8 kernels saturate "
+                    "with 8-bit weights", source.name)
     try:
         with _root_logger_untouched():
             quantize_dynamic(model if rewritten else source, target, op_types_to_quantize=["MatMul"], per_channel=True,
-                             weight_type=QuantType.QInt8, use_external_data_format=large)
+                             weight_type=QuantType.QInt8, reduce_range=reduce_range, use_external_data_format=large)
     except Exception as exc:
         raise build_failure(f"onnxruntime's dynamic INT8 quantization of {source} failed", exc, log_dir,
                             "Use ONNXRuntimeBackendConfig(quantization=None) for this module.",
