@@ -71,9 +71,10 @@ class TorchTweakConfig:
         max_num_batches_after_first_size: batches ``tt.tune`` runs at each batch size after the first of
             ``batch_sizes`` (when its ``max_num_batches_per_batch_size`` is None). The first size runs every
             item; later sizes run the same items again, so one batch shows their shapes, batch axes and eager
-            outputs (each batch size keeps an in-memory sample that every candidate is judged on), and more
-            would only repeat the model's eager time: on a ResNet-50, 64 items at batch sizes 1, 2, 8 and 32
-            are 256 eager inferences where 106 show the same. None: every item at every size.
+            outputs (each batch size, up to ``max_num_samples_stored`` of them, keeps an in-memory sample that
+            every candidate is judged on), and more would only repeat the model's eager time: on a ResNet-50,
+            64 items at batch sizes 1, 2, 8 and 32 are 256 eager inferences where 106 show the same. None:
+            every item at every size.
         device_after_tuning: what happens to a wrapped module's own weights when no chosen backend needs them:
             ``"release"`` frees their memory while every parameter keeps its device, dtype and shape (so
             ``model.device``/``pipe.dtype`` answer as before tuning; using the values raises
