@@ -64,13 +64,12 @@ class GraphRecorder:
         self._output_dtypes: list[str] = []
         self._input_obs: dict[Observation, None] = {}
         self._output_obs: dict[Observation, None] = {}
-        self._stored_shapes: set[tuple[Any, ...]] = set()
         self._sample_shapes: list[tuple[Any, ...]] = []  # input shapes of each sample, in order
 
     def wants_sample(self, input_shapes: tuple[Any, ...], batch_size: int | None = None) -> bool:
         """True if a call with these input shapes should be stored: new shapes, below the cap, or at a batch size
         no sample has yet when another batch size has two (:meth:`_replaceable`)."""
-        if input_shapes in self._stored_shapes:
+        if input_shapes in self._sample_shapes:
             return False
         return len(self.samples) < self.max_samples or self._replaceable(batch_size) is not None
 
@@ -116,10 +115,9 @@ class GraphRecorder:
             if index is None:
                 return
             del self.samples[index]
-            self._stored_shapes.discard(self._sample_shapes.pop(index))
+            del self._sample_shapes[index]
         self.samples.append(RecordedSample(args, kwargs, reference, batch_size))
         self._sample_shapes.append(input_shapes)
-        self._stored_shapes.add(input_shapes)
 
     def _output_ranks(self) -> tuple[int, ...]:
         first = next(iter(self._output_obs))
