@@ -13,7 +13,7 @@ from torch_tweak.torch.backend import available as backend_available
 from torch_tweak.torch.profiling import Measurement, SweepResult
 from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.tune_strategy.results import Evaluation
-from torch_tweak.torch.tune_strategy.stand_ins import linear_share
+from torch_tweak.torch.tune_strategy.stand_ins import kernel_time, linear_share
 
 
 class _Task:
@@ -105,3 +105,74 @@ def test_torchao_is_skipped_on_a_graph_whose_linear_layers_do_almost_none_of_the
     assert skipped.status == "skipped" and skipped.build_time_s is None
     assert skipped.error.startswith("skipped: it quantizes nn.Linear layers only, which do 0.04% of this graph's "
                                     "multiply-adds, and compiles the rest like TorchInductorBackend(), measured above")
+
+
+class _RecordedTask(_Task):
+    """The part of a GraphTask that ``kernel_time`` reads: recorded samples with their batch sizes."""
+
+    def __init__(self, module: torch.nn.Module, samples: dict[int, torch.Tensor]) -> None:
+        super().__init__(module, next(iter(samples.values())))
+        self.device = torch.device("cpu")
+        self.samples = [type("Sample", (), {"batch_size": b, "sample": ((x,), {})})() for b, x in samples.items()]
+
+
+def test_kernel_time_times_the_matrix_multiplies_of_the_smallest_recorded_call() -> None:
+    heavy = torch.nn.Sequential(*(torch.nn.Linear(512, 512) for _ in range(4))).eval()
+    task = _RecordedTask(heavy, {8: torch.randn(8, 512), 2: torch.randn(2, 512)})
+    batch, ms = kernel_time(task)
+    assert batch == 2 and ms > 0.0
+    light = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh()).eval()  # no matrix multiply at all
+    assert kernel_time(_RecordedTask(light, {1: torch.randn(1, 512)})) == (1, 0.0)
+    assert kernel_time(_RecordedTask(light, {None: torch.randn(3)})) is None  # no batch axis: no bound
+
+
+def _eager(ms_at: dict[int, float]) -> Evaluation:
+    evaluation = _measured(tt.backend.TorchEagerBackend(), ms_at)
+    evaluation.role = "baseline"
+    return evaluation
+
+
+def _passed(ms_at: dict[int, float]) -> Evaluation:
+    evaluation = _measured(tt.backend.OpenVINOBackend(), ms_at)
+    evaluation.pick = evaluation.sweep.measurements[-1]
+    return evaluation
+
+
+def test_inductor_is_skipped_when_eager_kernels_alone_keep_it_below_what_screening_keeps(monkeypatch) -> None:
+    import torch_tweak.torch.tune_strategy.stand_ins as stand_ins
+
+    strategy = tt.HighestThroughputStrategy()  # screening keeps candidates within 0.5x of the best at an end
+    eager = _eager({1: 100.0, 8: 640.0})
+    fast = _passed({1: 15.0, 8: 90.0})  # 6.7x and 7.1x eager
+    monkeypatch.setattr(stand_ins, "kernel_time", lambda task: (1, 85.0))  # 85 % of eager's call in GEMMs
+    row = strategy._stand_in_row(TorchInductorBackend(), "candidate", object(), [eager, fast])
+    assert row is not None and row.status == "skipped"
+    # at most 2x the kernels: 1 / (0.85 / 2) = 2.35x eager, i.e. 0.35x and 0.33x of the best
+    assert row.error == (
+        "skipped: its default compile calls eager's matrix-multiply, convolution and attention kernels, which took "
+        "85% of eager's 100.0 ms call at batch 1; even with those 2x faster and all else free it would reach at "
+        "most 0.35x at batch 1, 0.33x at batch 8 of the best candidate's throughput, under the 0.50x it needs to "
+        "be kept; pass skip_stand_ins=False to the strategy to build it anyway")
+    assert strategy._stand_in_row(TorchInductorAOTBackend(), "candidate", object(), [eager, fast]).status == "skipped"
+    # within reach at one end: built
+    close = _passed({1: 15.0, 8: 200.0})
+    assert strategy._stand_in_row(TorchInductorBackend(), "candidate", object(), [eager, close]) is None
+    # eager's calls mostly outside those kernels: Inductor could win, so it is built
+    monkeypatch.setattr(stand_ins, "kernel_time", lambda task: (1, 20.0))
+    assert strategy._stand_in_row(TorchInductorBackend(), "candidate", object(), [eager, fast]) is None
+    # calls too short to time op by op, a tuned setting, no measured eager, or the rule switched off: built
+    monkeypatch.setattr(stand_ins, "kernel_time", lambda task: (1, 0.85))
+    tiny = _eager({1: 0.9, 8: 5.0})
+    assert strategy._stand_in_row(TorchInductorBackend(), "candidate", object(), [tiny, fast]) is None
+    monkeypatch.setattr(stand_ins, "kernel_time", lambda task: (1, 85.0))
+    tuned = TorchInductorBackend(tt.backend.TorchInductorBackendConfig(options={"freezing": True}))
+    assert strategy._stand_in_row(tuned, "candidate", object(), [eager, fast]) is None
+    assert strategy._stand_in_row(TorchInductorBackend(), "candidate", object(), [fast]) is None
+    off = tt.HighestThroughputStrategy(skip_stand_ins=False)
+    assert off._stand_in_row(TorchInductorBackend(), "candidate", object(), [eager, fast]) is None
+    # without screening, the bound is a re-measurement's noise
+    unscreened = tt.HighestThroughputStrategy(screening=False)
+    slower = _passed({1: 40.0, 8: 256.0})  # 2.5x eager: within 1/1.25 of reach
+    assert unscreened._stand_in_row(TorchInductorBackend(), "candidate", object(), [eager, slower]) is None
+    assert "under the 0.80x" in unscreened._stand_in_row(TorchInductorBackend(), "candidate", object(),
+                                                         [eager, fast]).error

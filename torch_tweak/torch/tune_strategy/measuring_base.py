@@ -102,7 +102,9 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
             again only if it is chosen.
         skip_stand_ins: skip a candidate that another measured candidate stands in for (TorchAO on a graph
             whose linear layers do under 1 % of the work, once Inductor was measured; Inductor JIT or AOT once the
-            other was screened out: :mod:`~torch_tweak.torch.tune_strategy.stand_ins`), with a ``skipped`` row.
+            other was screened out, or when eager's own matrix-multiply and convolution kernels, which Inductor
+            calls too, already keep it below what screening keeps: :mod:`~torch_tweak.torch.tune_strategy.stand_ins`),
+            with a ``skipped`` row.
     """
 
     metric_name = "throughput"

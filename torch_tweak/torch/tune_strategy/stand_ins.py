@@ -14,6 +14,12 @@ tens of seconds (a ResNet-50 on 2 cores: TorchAO 39 s, Inductor 61 s, Inductor A
   whole per-call overhead (:data:`JIT_OVERHEAD_MS`), would still lag the best candidate by more than a
   re-measurement moves (:data:`NOISE`) at every batch size measured: a ResNet-50 whose JIT build ran at 0.7x
   ONNX Runtime's throughput spent 28 s building its AOT twin for 0.7x.
+* Inductor (JIT and AOT, default settings) leaves a graph's matrix multiplies, convolutions and attention to the
+  oneDNN / BLAS kernels eager calls (:data:`HEAVY_KERNELS`) and can only shorten the rest. Their share of an eager
+  call, timed op by op on the smallest recorded call, bounds its speed-up: even with those kernels
+  :data:`KERNEL_GAIN` times faster and everything else free, a candidate that would stay below what screening
+  keeps (``1 - screening_margin`` of the best, or ``1/NOISE`` without screening) at every measured batch size is
+  not built. A BERT-base whose int8 OpenVINO candidate ran 7x eager spent 37 s compiling Inductor for 1.1x.
 
 A skipped candidate is a ``skipped`` row naming what stood in for it. ``skip_stand_ins=False`` on a measuring
 strategy builds every candidate.
@@ -21,17 +27,21 @@ strategy builds every candidate.
 
 from __future__ import annotations
 
+import copy
 import logging
+import time
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.module.forward import original_forward, pristine
 from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.report.status import CandidateStatus
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
-from torch_tweak.torch.tune_strategy.results import Evaluation
+from torch_tweak.torch.tune_strategy.results import BASELINE, Evaluation
 from torch_tweak.torch.tune_strategy.screening import best_at_ends
 
 logger = logging.getLogger(__name__)
@@ -43,6 +53,15 @@ LINEAR_SHARE = 0.01
 JIT_OVERHEAD_MS = 0.5
 #: How much a candidate's throughput moved between two measurements on these shared 2-core machines (up to 25 %).
 NOISE = 1.25
+#: The aten ops (as a dispatch mode sees them) whose kernels Inductor's default CPU compile calls as eager does.
+HEAVY_KERNELS = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "convolution", "_convolution", "mkldnn_rnn_layer",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_attention_math",
+})
+#: How much faster than eager's calls Inductor may run the same kernels (prepacked weights, fused epilogues).
+KERNEL_GAIN = 2.0
+#: Below this eager call time per-op timing is mostly Python overhead, which a compiler does remove: no bound.
+MIN_CALL_MS = 1.0
 _INDUCTOR, _AOT, _TORCHAO = "TorchInductorBackend", "TorchInductorAOTBackend", "TorchAOBackend"
 
 
@@ -79,6 +98,8 @@ class StandIns:
     """Mixed into ``MeasuringStrategy``: the ``skipped`` row of a candidate another one stands in for."""
 
     skip_stand_ins: bool
+    screening: bool
+    screening_margin: float
 
     def _stand_in_row(self, template: Backend, role: str, task: GraphTask,
                       evaluations: list[Evaluation]) -> CandidateReport | None:
@@ -102,12 +123,86 @@ class StandIns:
                 reason = (f"it compiles the graph into the same kernels as {sibling.row.backend}, which even without "
                           f"{JIT_OVERHEAD_MS:g} ms of per-call overhead would reach only {lag} of the best "
                           f"candidate's throughput (under 1/{NOISE:g})")
+        if reason is None and name in (_INDUCTOR, _AOT) and template.key() == _default_key(name):
+            reason = self._kernel_bound_reason(task, evaluations)
         if reason is None:
             return None
         row = CandidateReport(backend=template.describe(), key=template.key(), role=role,
                               status=CandidateStatus.SKIPPED)
         row.error = f"skipped: {reason}; pass skip_stand_ins=False to the strategy to build it anyway"
         return row
+
+
+    def _kernel_bound_reason(self: Any, task: GraphTask, evaluations: list[Evaluation]) -> str | None:
+        """Why Inductor cannot come close enough to the best candidate to be kept (None: it might)."""
+        eager = next((e for e in evaluations if e.role == BASELINE and e.sweep is not None), None)
+        others = [e for e in evaluations if e.role != BASELINE and e.pick is not None]
+        if eager is None or not others:
+            return None
+        sizes = [m.batch_size for m in eager.sweep.measurements]
+        best = best_at_ends(others, sizes)
+        if not best:
+            return None
+        timed = kernel_time(task)
+        if timed is None:
+            return None
+        batch, heavy_ms = timed
+        at = eager.sweep.at(batch)
+        if at is None or at.p50_ms < MIN_CALL_MS:
+            return None
+        share = min(1.0, heavy_ms / at.p50_ms)
+        keep = 1.0 - self.screening_margin if self.screening else 1.0 / NOISE
+        ratios = {}
+        for size, top in sorted(best.items()):
+            measured = eager.sweep.at(size)
+            if measured is None or not top:
+                continue
+            ratios[size] = measured.throughput * KERNEL_GAIN / max(share, 1e-3) / top
+            if ratios[size] >= keep:
+                return None
+        if not ratios:
+            return None
+        shown = ", ".join(f"{r:.2f}x at batch {size}" for size, r in ratios.items())
+        return (f"its default compile calls eager's matrix-multiply, convolution and attention kernels, which took "
+                f"{share:.0%} of eager's {at.p50_ms:.1f} ms call at batch {batch}; even with those {KERNEL_GAIN:g}x "
+                f"faster and all else free it would reach at most {shown} of the best candidate's throughput, "
+                f"under the {keep:.2f}x it needs to be kept")
+
+
+def kernel_time(task: GraphTask) -> tuple[int, float] | None:
+    """The batch size of the smallest recorded call and the milliseconds one eager call of it spends in
+    :data:`HEAVY_KERNELS` (None: not a CPU graph, or the call failed)."""
+    sized = [s for s in task.samples if s.batch_size is not None]
+    if not sized or task.device.type != "cpu":
+        return None
+    smallest = min(sized, key=lambda s: s.batch_size or 0)
+    args, kwargs = copy.deepcopy(smallest.sample)
+    timer = _KernelTimer()
+    try:
+        with pristine(task.module), torch.no_grad():
+            original_forward(task.module)(*args, **kwargs)  # warm: first-call allocations are not the kernels'
+            with timer:
+                original_forward(task.module)(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the bound is an optimisation: any failure means "no bound"
+        logger.debug("%s: kernel time could not be measured: %s", describe_task(task), exc)
+        return None
+    return smallest.batch_size or 1, timer.seconds * 1000.0
+
+
+class _KernelTimer(TorchDispatchMode):
+    """Adds up the wall time of the :data:`HEAVY_KERNELS` ops run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds = 0.0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func.overloadpacket.__name__ not in HEAVY_KERNELS:
+            return func(*args, **(kwargs or {}))
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        self.seconds += time.perf_counter() - start
+        return out
 
 
 def aot_lag(jit: Evaluation, evaluations: list[Evaluation]) -> str | None:
