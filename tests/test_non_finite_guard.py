@@ -191,10 +191,11 @@ def test_guard_checks_every_floating_input_without_walking_plain_tensor_calls():
     large = torch.randn(4, 3, 64, 64, requires_grad=True)  # checked by numpy (torch's sum would wake its pool)
     assert all_finite([a, ids, large, large.bfloat16()]) and all_finite([torch.zeros(0)])
     for value in (math.nan, math.inf, -math.inf):
-        for t in (a, large.detach(), large.detach()[:, :, ::2]):  # small, large, large and strided
+        for t in (a, a.t(), large.detach(), large.detach()[:, :, ::2]):  # small (also strided), large (also strided)
             for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
                 assert not all_finite([ids, poisoned(t, value).to(dtype)]), (t.shape, dtype, value)
     assert all_finite([torch.full((64, 64), 60000.0).half()])  # 16-bit inputs are summed in float32: no overflow
+    assert all_finite([torch.full((2, 3), 1e18), torch.full((2, 3), -1e150, dtype=torch.float64)])  # squares fit
 
 
 def test_guard_round_trips_through_to_dict_and_from_dict(tmp_path):

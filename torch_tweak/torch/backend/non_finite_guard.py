@@ -16,9 +16,12 @@ on one thread, but 6 µs / 0.36 ms / 20 ms on two, and next to OpenVINO calls it
 call because torch's and OpenVINO's worker threads compete for the cores; numpy's single-threaded
 ``isfinite(a).all()`` (exact) 6 µs / 36-53 µs / 3.8-4.1 ms and +0.6 ms next to OpenVINO. Between OpenVINO
 calls even a small tensor's ``t.sum().item()`` costs 13-16 µs (1x16 to 32x256 floats, AMD EPYC, 2 cores)
-against 6-8 µs for numpy's ``add.reduce``. So CPU tensors numpy can view (float16/32/64) are checked by
-numpy: summed below :data:`_INLINE` elements, ``isfinite`` above; the rest (bfloat16, other devices) are
-summed by torch, which reduces fewer than :data:`_INLINE` elements on the calling thread.
+against 6-8 µs for numpy's ``add.reduce``; and the dot product of a float32 tensor with itself (one BLAS call,
+NaN and inf survive it since no two squares cancel) costs 1.6-1.8 µs there against 2.9-3.7 µs for
+``add.reduce`` (1x256 and 32x256 floats next to OpenVINO LATENCY calls, Sapphire Rapids, 2 cores). So CPU
+tensors numpy can view (float16/32/64) are checked by numpy below :data:`_INLINE` elements (float32/64 by their
+dot product, float16 by a float32 sum) and by ``isfinite`` above; the rest (bfloat16, other devices) are summed
+by torch, which reduces fewer than :data:`_INLINE` elements on the calling thread.
 
 Like :class:`~torch_tweak.torch.backend.batch_router.BatchRouterBackend` it is assembled from an already
 built backend, never built from a template, and its checkpoint state nests the inner backend's.
@@ -53,13 +56,14 @@ _MAX_REASON = 600
 _Tensor = torch.Tensor
 _INLINE = 32768  # torch reduces fewer elements on the calling thread (at::internal::GRAIN_SIZE): no pool wakes up
 _NUMPY = (torch.float32, torch.float64, torch.float16)  # dtypes numpy can view without a copy
+_DOT = (torch.float32, torch.float64)  # checked by their dot product with themselves (BLAS)
 _WIDEN = (torch.float16, torch.bfloat16)  # summed in float32 so that a large finite input does not overflow
 _NUMPY_SUM = {torch.float16: np.float32}  # the same for numpy's sums
 
 
 def all_finite(tensors: Sequence[Any]) -> bool:
-    """False if a floating-point tensor of ``tensors`` holds NaN or inf (for a tensor summed by torch, also when
-    finite values overflow the sum: such a call only runs eager)."""
+    """False if a floating-point tensor of ``tensors`` holds NaN or inf (for a tensor summed, also when finite
+    values overflow the sum or the sum of squares, beyond 1e19 in float32: such a call only runs eager)."""
     for t in tensors:
         if not isinstance(t, _Tensor) or not t.is_floating_point():
             continue
@@ -67,6 +71,10 @@ def all_finite(tensors: Sequence[Any]) -> bool:
             array = (t.detach() if t.requires_grad else t).numpy()
             if array.size >= _INLINE:
                 if not np.isfinite(array).all():
+                    return False
+            elif t.dtype in _DOT:
+                flat = array.reshape(-1)
+                if not math.isfinite(flat.dot(flat)):
                     return False
             elif not math.isfinite(np.add.reduce(array, axis=None, dtype=_NUMPY_SUM.get(t.dtype))):
                 return False
