@@ -132,7 +132,6 @@ class StandIns:
         row.error = f"skipped: {reason}; pass skip_stand_ins=False to the strategy to build it anyway"
         return row
 
-
     def _kernel_bound_reason(self: Any, task: GraphTask, evaluations: list[Evaluation]) -> str | None:
         """Why Inductor cannot come close enough to the best candidate to be kept (None: it might)."""
         eager = next((e for e in evaluations if e.role == BASELINE and e.sweep is not None), None)
