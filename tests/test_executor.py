@@ -121,6 +121,18 @@ def test_a_module_that_does_not_pickle_is_tuned_in_process_and_the_report_says_w
     assert any("is tuned in this process" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("metric", ["topk", "cosine", "rel_l2"])
+def test_a_strategy_with_a_built_in_task_metric_is_sent_to_the_worker(metric):
+    fidelity = tt.FidelityConfig(metric=metric, k=2) if metric == "topk" else tt.FidelityConfig(metric=metric)
+    strategy = tt.HighestThroughputStrategy([TorchEagerBackend()], profiling=FAST, reuse_results=False,
+                                            fidelity=fidelity)
+    wrapped = tt.Module(mlp(), name=f"metric_{metric}", strategy=strategy)
+    report = tt.tune(wrapped, DATA, batch_sizes=[1, 2], executor="process")
+    graph = report.module(f"metric_{metric}").graphs[0]
+    assert graph.executor.startswith("process"), graph.executor  # not tuned in process for want of pickling
+    assert graph.candidates[0].worker is not None
+
+
 def test_executor_arguments_are_validated():
     with pytest.raises(ConfigError, match="executor must be one of"):
         tt.tune(tt.Module(mlp()), DATA, executor="threads")

@@ -146,3 +146,17 @@ def test_a_user_metric_is_judged_on_every_sample_and_its_errors_are_rows():
 def test_threshold_without_a_metric_is_refused():
     with pytest.raises(ConfigError, match="apply to a metric"):
         tt.FidelityConfig(threshold=0.5)
+
+
+def test_built_in_metrics_pickle_with_their_settings():
+    import pickle
+
+    reference, candidate = torch.tensor([[0.1, 0.9, 0.3], [0.5, 0.2, 0.4]]), torch.tensor([[0.2, 0.8, 0.9], [0.5, 0.1, 0.6]])
+    for config in (tt.FidelityConfig(metric="topk", k=2), tt.FidelityConfig(metric="cosine", threshold=0.5),
+                   tt.FidelityConfig(metric="rel_l2")):
+        copy = pickle.loads(pickle.dumps(config))
+        assert copy.task.describe() == config.task.describe()
+        assert copy.task.function(reference, candidate) == config.task.function(reference, candidate)
+        assert (copy.task.weight is None) == (config.task.weight is None)
+    top2 = pickle.loads(pickle.dumps(tt.FidelityConfig(metric="topk", k=2))).task
+    assert top2.function(reference, candidate) == topk_agreement(reference, candidate, k=2) and top2.weight(reference) == 2.0

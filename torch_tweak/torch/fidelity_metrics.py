@@ -28,6 +28,7 @@ threshold. Judging it call by call would reject a classifier for one flipped arg
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -141,12 +142,12 @@ def task_metric(metric: str | Callable[[Any, Any], float], threshold: float | No
         if higher_is_better is not None and higher_is_better != default_higher:
             raise ConfigError(f"The {metric!r} metric is {'higher' if default_higher else 'lower'} is better; do not "
                               "set higher_is_better for it.")
+        # module-level functions (partials of them), so that the config pickles to a tuning worker process
         function: Callable[[Any, Any], float] = {
-            "cosine": cosine, "rel_l2": relative_l2,
-            "topk": lambda reference, candidate: topk_agreement(reference, candidate, k),
+            "cosine": cosine, "rel_l2": relative_l2, "topk": functools.partial(topk_agreement, k=k),
         }[metric]
         name = f"top{k}" if metric == "topk" else metric
-        weight = (lambda reference: topk_rows(reference, k)) if metric == "topk" else None
+        weight = functools.partial(topk_rows, k=k) if metric == "topk" else None
         return TaskMetric(name, function, default_threshold if threshold is None else float(threshold), default_higher,
                           weight)
     if not callable(metric):

@@ -40,8 +40,9 @@ def check_sendable(context: Any) -> None:
         checker.dump(context)
     except Exception as exc:
         raise WorkerError(
-            f"The module cannot be sent to a worker process: pickling it failed ({type(exc).__name__}: {exc}). "
-            "Make the module picklable, or pass executor='inline' to tune it in this process."
+            f"The module cannot be sent to a worker process: pickling it or its strategy failed ({type(exc).__name__}: "
+            f"{exc}). Make the module and the strategy's settings picklable (a FidelityConfig metric, for one, must be "
+            "a module-level function, not a lambda), or pass executor='inline' to tune it in this process."
         ) from exc
     main = sys.modules.get("__main__")
     if checker.from_main and getattr(main, "__file__", None) is None:
