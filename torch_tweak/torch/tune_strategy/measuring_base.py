@@ -100,11 +100,9 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
         reuse_results: reuse what an earlier run measured for the same weights, graph, backend, settings and
             environment (:mod:`~torch_tweak.torch.tune_strategy.result_cache`); a reused candidate is built
             again only if it is chosen.
-        skip_stand_ins: skip a candidate that another measured candidate stands in for (TorchAO on a graph
-            whose linear layers do under 1 % of the work, once Inductor was measured; Inductor JIT or AOT once the
-            other was screened out, or when eager's own matrix-multiply and convolution kernels, which Inductor
-            calls too, already keep it below what screening keeps: :mod:`~torch_tweak.torch.tune_strategy.stand_ins`),
-            with a ``skipped`` row.
+        skip_stand_ins: skip, with a ``skipped`` row, a candidate another measured one stands in for or that
+            eager's own kernels already keep out of reach (TorchAO, Inductor JIT and AOT; the rules are in
+            :mod:`~torch_tweak.torch.tune_strategy.stand_ins`).
     """
 
     metric_name = "throughput"

@@ -124,8 +124,8 @@ class StandIns:
                 reason = (f"it compiles the graph into the same kernels as {sibling.row.backend}, which even without "
                           f"{JIT_OVERHEAD_MS:g} ms of per-call overhead would reach only {lag} of the best "
                           f"candidate's throughput (under 1/{NOISE:g})")
-        if reason is None and name in (_INDUCTOR, _AOT) and template.key() == _default_key(name):
-            reason = self._kernel_bound_reason(task, evaluations)
+            else:
+                reason = self._kernel_bound_reason(task, evaluations)
         if reason is None:
             return None
         row = CandidateReport(backend=template.describe(), key=template.key(), role=role,
