@@ -75,6 +75,37 @@ def test_a_swept_candidate_is_not_measured_again_at_the_screening_ends(
     assert Counter(measured) == {1: 4, 8: 4, 2: 3, 4: 3}
 
 
+def test_a_candidate_out_of_reach_at_the_small_end_is_not_measured_at_the_large_end(clock):
+    fast = TimedBackend(clock, ms_per_call=0.5, ms_per_sample=0.05)  # 1818/s at batch 1, 8889/s at batch 8
+    hopeless = TimedBackend(clock, ms_per_call=20.0)  # 50/s at 1: even 8x that at 8 is far below half of 8889/s
+    behind = TimedBackend(clock, ms_per_call=1.5)  # 667/s at 1, but 8 samples per call could reach half the best
+    graph, rows = tune(strategy(clock, [fast, hopeless, behind]))
+    assert graph.chosen == fast.describe()
+    row = rows[hopeless.describe()]
+    assert row.status == "screened_out"
+    assert row.measurements["batch_sizes"] == [1]
+    assert re.match(r"screened out: 0\.0\dx at batch 1 of the best candidate's throughput \(batch 8 not measured",
+                    row.error)
+    assert row.error.endswith("its outputs were not checked") and row.fidelity is None  # measured before the check
+    assert rows[behind.describe()].status == "passed"  # 5333/s at batch 8: within the margin there, swept
+    assert rows[behind.describe()].measurements["batch_sizes"] == [1, 2, 4, 8]
+
+
+def test_out_of_reach_bounds_only_larger_ends():
+    from torch_tweak.torch.profiling import Measurement
+    from torch_tweak.torch.tune_strategy.results import Plan, out_of_reach
+
+    def measured(batch, ms):
+        return Measurement(batch, [ms] * 3, [], True, "stable", 3 * ms / 1000.0)
+
+    plan = Plan([1, 8], True, None, needs=((1, 1000.0), (8, 4000.0)))
+    assert out_of_reach(measured(1, 10.0), plan)  # 100/s: 8 x 100 x 1.25 = 1000/s < 4000/s at 8
+    assert not out_of_reach(measured(1, 2.0), plan)  # 500/s: 5000/s at 8 would be enough
+    assert not out_of_reach(measured(1, 0.5), plan)  # 2000/s: kept at batch 1 itself
+    assert not out_of_reach(measured(8, 100.0), plan)  # the large end never bounds the small one
+    assert not out_of_reach(measured(1, 10.0), Plan([1, 8], True, None))  # nothing measured before it
+
+
 def test_a_candidate_best_at_one_end_only_is_swept(clock):
     small = TimedBackend(clock, ms_per_call=0.2, ms_per_sample=1.0, label="small")  # wins at batch 1
     large = TimedBackend(clock, ms_per_call=3.0, ms_per_sample=0.05, label="large")  # wins at batch 8

@@ -165,6 +165,24 @@ def test_warm_up_covers_every_batch_and_sequence_bucket():
     assert all(kwargs["attention_mask"].shape == args[0].shape for args, kwargs in calls)
 
 
+def test_warm_up_runs_each_guarded_call_once():
+    from torch_tweak.torch.backend._compile_helpers import distinct_calls
+
+    x = torch.randn(2, 3)
+    synthesized = [((torch.randn(2, 3),), {"scale": 1.0})]
+    recorded = [
+        ((x,), {"scale": 1.0}),  # what the synthesized call compiled: nothing to warm up
+        ((torch.randn(2, 4),), {"scale": 1.0}),  # another shape
+        ((torch.randn(2, 4),), {"scale": 1.0}),  # that shape again
+        ((x,), {"scale": 2.0}),  # another non-tensor value: Dynamo guards on it
+        ((x.t().contiguous().t(),), {"scale": 1.0}),  # other strides
+        ((x.double(),), {"scale": 1.0}),  # another dtype
+    ]
+    kept = distinct_calls(synthesized, recorded)
+    assert [r for r in recorded if any(r is k for k in kept)] == [recorded[1], recorded[3], recorded[4], recorded[5]]
+    assert distinct_calls([], recorded[:1]) == recorded[:1]
+
+
 def test_recompile_limit_fallback_is_logged(caplog):
     import logging
 

@@ -1,11 +1,11 @@
 """Torch Inductor: ``torch.compile`` of the module's own forward, compiled while tuning.
 
 The compile happens in :meth:`TorchInductorBackend.build` (and again in ``activate``/``deploy``): the
-backend runs synthesized inputs at the graph's smallest and largest batch and every recorded sample once,
-so the user's first call after tuning does not pay for compilation. ``tt.save`` stores an AOTInductor package
-of the compiled graph (:mod:`._warm_package` says why this form): a backend restored in the same environment,
-with native code trusted, serves from it and compiles nothing; otherwise it compiles again at ``deploy``
-and warms up every batch size and sequence bucket tuning saw.
+backend runs synthesized inputs at the graph's smallest and largest batch and each recorded sample of another
+shape once, so the user's first call after tuning does not pay for compilation. ``tt.save`` stores an
+AOTInductor package of the compiled graph (:mod:`._warm_package` says why this form): a backend restored in the
+same environment, with native code trusted, serves from it and compiles nothing; otherwise it compiles again
+at ``deploy`` and warms up every batch size and sequence bucket tuning saw.
 
 The helpers it shares with the AOT and TorchAO backends (warm-up, build errors) live in :mod:`._compile_helpers`,
 the checkpoint allowlist of Inductor options in :mod:`._inductor_options`; both are re-exported here.

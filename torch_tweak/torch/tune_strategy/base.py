@@ -231,14 +231,17 @@ class TuneStrategy(ABC):
     def _tune(self, task: GraphTask) -> Backend:
         """Return a built, active, checked backend, or raise."""
 
-    def try_backend(self, template: Backend, task: GraphTask, role: str = "candidate",
-                    confirm: bool = False) -> tuple[Backend, CandidateReport]:
+    def try_backend(self, template: Backend, task: GraphTask, role: str = "candidate", confirm: bool = False,
+                    before_check: Callable[[Backend, CandidateReport], None] | None = None,
+                    ) -> tuple[Backend, CandidateReport]:
         """Build and check a copy of ``template``; raises :class:`CandidateFailedError` with the report row.
 
         The backend returned is the built copy, or that copy behind the non-finite guard (then the row's
         ``backend`` says so); either way it is what the strategy measures and may choose. ``confirm`` checks
         a build whose outputs were judged before (the same artifact, rebuilt; the eager baseline against its
         own recordings): the in-memory samples first, every judged call only if they do not pass.
+        ``before_check`` runs on the built copy and its row before the check; it may end the candidate by raising
+        :class:`CandidateFailedError` (a measuring strategy's screening: a candidate too slow to be kept).
         """
         backend = copy.deepcopy(template)
         row = CandidateReport(backend=backend.describe(), key=backend.key(), role=role)
@@ -260,6 +263,8 @@ class TuneStrategy(ABC):
             raise CandidateFailedError(row) from exc
         row.build_time_s = time.perf_counter() - start
         row.precision = backend.executed_precision
+        if before_check is not None:
+            before_check(backend, row)
         if self._correctness_check:
             progress.update(phase="check")
             backend = self._check(backend, task, row, confirm)

@@ -154,9 +154,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
 
     def candidates(self) -> list[Backend]:
         """The candidate templates (the defaults when none were given)."""
-        if self._backends:
-            return list(self._backends)
-        return default_candidates()
+        return list(self._backends) if self._backends else default_candidates()
 
     # subclass hooks ---------------------------------------------------------------------------
 
@@ -265,7 +263,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
             skipped = None if role == BASELINE or stored is not None else (
                 self._costs.skip_row(template, task.deadline, role)
                 or (None if template.key() in prefetched else self._stand_in_row(template, role, task, evaluations)))
-            own_plan = plan if screen is None or role == BASELINE else screen
+            own_plan = plan if screen is None or role == BASELINE else self._screen_plan(screen, evaluations)
             if stored is not None:
                 evaluation = self._reused(task, role, *stored)
             elif skipped is not None:
@@ -278,7 +276,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
                     evaluation = self._evaluate(template, task, role, own_plan)
                 else:
                     pending = prefetched.pop(template.key(), None) or \
-                        self._submit(executor, shared, template, task, role, own_plan, keep=own_plan is screen)
+                        self._submit(executor, shared, template, task, role, own_plan, keep=own_plan is not plan)
                     if executor.concurrent and not prefetched:  # submit the rest now: they run in parallel
                         for other, other_role in queue:
                             other_plan = plan if screen is None or other_role == BASELINE else screen
@@ -371,9 +369,12 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
 
     def _build_and_measure(self, template: Backend, task: GraphTask, role: str, plan: Plan,
                            cancel: threading.Event) -> tuple[Backend, SweepResult]:
-        backend, row = self.try_backend(template, task, role, confirm=role == BASELINE)  # eager vs its own recording
+        first: list[tuple[Backend, Measurement]] = []  # screening's small end, measured before the check
+        backend, row = self.try_backend(template, task, role, confirm=role == BASELINE,  # eager vs its own recording
+                                        before_check=self._screen_first(task, plan, cancel, first))
+        known = (*plan.known, *(m for b, m in first if b is backend))  # not behind a guard the check added
         try:
-            result = self._measure_backend(backend, task, plan, cancel)
+            result = self._measure_backend(backend, task, dataclasses.replace(plan, known=known), cancel)
         except ProfilingCancelledError:
             release_quietly(backend)
             raise
@@ -386,8 +387,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
         return backend, result
 
     def _measure_backend(self, backend: Backend, task: GraphTask, plan: Plan,
-                         cancel: threading.Event | None) -> SweepResult:
-        """Sweep ``backend`` over the plan's batch sizes (after the pause between candidates)."""
+                         cancel: threading.Event | None) -> SweepResult:  # the plan's sizes, after the pause
         return sweep_backend(backend, task.graph_spec, task.device, plan, self.profiling, cancel, self._keep_going)
 
     def batch_search_baseline(self) -> Backend:

@@ -9,11 +9,11 @@ flags, torch and torch_tweak versions, the versions of the packages the backend 
 library or CPU therefore misses exactly the affected entries; stale files are never read again and go
 with ``tt.tune(clear_cache=True)`` or ``torch-tweak cache clear``.
 
-Only outcomes that a rerun would reproduce are kept (passed, rejected, failed to build or to run); a
-timeout or a skipped candidate is tried again. A reused candidate that the strategy chooses is built again
-(OpenVINO and ONNX Runtime reuse their converted files; compilers their own caches) and checked again on
-the current samples before it serves. A stored file is JSON parsed into plain values; a malformed one is
-a miss.
+Only outcomes that a rerun would reproduce are kept (passed, rejected, failed to build or to run, screened out
+before its check: measured below what it needed, it is never chosen when reused); a timeout or a skipped
+candidate is tried again. A reused candidate that the strategy chooses is built again (OpenVINO and ONNX Runtime
+reuse their converted files; compilers their own caches) and checked again on the current samples before it
+serves. A stored file is JSON parsed into plain values; a malformed one is a miss.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT = 1
 REUSABLE = {CandidateStatus.PASSED, CandidateStatus.REJECTED, CandidateStatus.BUILD_FAILED,
-            CandidateStatus.INFER_FAILED}
+            CandidateStatus.INFER_FAILED, CandidateStatus.SCREENED_OUT}  # screened out: measured before its check
 
 
 class ResultCache:

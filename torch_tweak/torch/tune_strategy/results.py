@@ -71,16 +71,38 @@ class StrategyResult:
         return self.graph.candidates
 
 
+#: How much a candidate's throughput moved between two measurements on these shared 2-core machines (up to 25 %).
+NOISE = 1.25
+
+
 @dataclass
 class Plan:
-    """How a graph is measured: the batch sizes, whether they are real batch sizes, the base inputs, and the
-    measurements a candidate already has (its screening ends: the sweep takes them instead of measuring again)."""
+    """How a graph is measured: the batch sizes, whether they are real batch sizes, the base inputs, the
+    measurements a candidate already has (its screening ends: the sweep takes them instead of measuring again),
+    and at screening the throughput a candidate needs at each end to be kept, as ``(batch size, samples/s)``
+    pairs (the sweep stops once they are :func:`out_of_reach`)."""
 
     batch_sizes: list[int]
     batched: bool
     sample: Any
     known: tuple[Measurement, ...] = ()
+    needs: tuple[tuple[int, float], ...] = ()
 
+
+
+def out_of_reach(measurement: Measurement, plan: Plan) -> bool:
+    """Whether a candidate measured at ``measurement``'s batch size cannot reach what ``plan.needs`` at any end.
+
+    A call at a larger batch takes no less time than one at a smaller batch, so throughput grows at most in
+    proportion to the batch size: the bound at a larger end is this throughput times the ratio of the sizes
+    (and :data:`NOISE`); an end below ``measurement``'s size is never bounded by it.
+    """
+    needs = dict(plan.needs)
+    if not needs or measurement.batch_size not in needs or measurement.throughput >= needs[measurement.batch_size]:
+        return False
+    size = measurement.batch_size
+    return all(size <= other and measurement.throughput * other / size * NOISE < need
+               for other, need in needs.items() if other != size)
 
 
 def unbuilt(evaluations: Iterable[Evaluation]) -> list[Evaluation]:

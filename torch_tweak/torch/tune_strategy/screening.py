@@ -5,7 +5,10 @@ strategy therefore first measures each candidate at the smallest and the largest
 (the two ends, where latency and throughput winners show), and sweeps all batch sizes only for the
 candidates within ``screening_margin`` of the best at either end (the sweep keeps the two screening
 measurements and measures only the sizes between them); the others are ``screened_out`` rows with their two
-measurements. The eager baseline is always swept in full (the eager gate compares with it).
+measurements. The eager baseline is always swept in full (the eager gate compares with it). A candidate
+whose small-end throughput is already out of reach of what it needs at both ends (:func:`~.results.out_of_reach`) is
+not measured at the large end: a BERT-base quantized by TorchAO ran at 0.04x the best at batch 1 and would
+have spent two 35-second calls at batch 8 to show 0.03x there.
 
 ``tt.tune(..., time_budget_s=...)`` gives each graph a share of the remaining time when its tuning starts
 (unused time rolls over to the next graph). A strategy builds its candidates cheapest first (the registry's
@@ -15,19 +18,21 @@ cover what a candidate of the same backend class took earlier in the run (or onc
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.executor.base import Executor, Shared
-from torch_tweak.torch.profiling import SweepResult
+from torch_tweak.torch.profiling import Measurement, SweepResult
 from torch_tweak.torch.profiling.limit import run_with_time_limit
 from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.report.status import CandidateStatus
-from torch_tweak.torch.tune_strategy.base import GraphTask, release_quietly
+from torch_tweak.torch.tune_strategy.base import CandidateFailedError, GraphTask, release_quietly
 from torch_tweak.torch.tune_strategy.result_cache import ResultCache
-from torch_tweak.torch.tune_strategy.results import BASELINE, Evaluation, Plan, selection_dict
+from torch_tweak.torch.tune_strategy.results import BASELINE, Evaluation, Plan, out_of_reach, selection_dict
 
 
 def screening_plan(plan: Plan) -> Plan | None:
@@ -56,7 +61,10 @@ def screened_out(sweep: SweepResult | None, best: dict[int, float], margin: floa
     if not ratios or any(r >= 1.0 - margin for r in ratios.values()):
         return None
     shown = ", ".join(f"{r:.2f}x at batch {size}" for size, r in sorted(ratios.items()))
-    return (f"screened out: {shown} of the best candidate's throughput, below the {1.0 - margin:.2f}x "
+    unmeasured = sorted(size for size in best if sweep.at(size) is None)
+    bounded = (f" (batch {', '.join(map(str, unmeasured))} not measured: calls there take no less time, so its "
+               f"throughput could not grow enough)") if unmeasured else ""
+    return (f"screened out: {shown} of the best candidate's throughput{bounded}, below the {1.0 - margin:.2f}x "
             f"(screening_margin={margin:g}) a candidate needs at one end to be swept over every batch size")
 
 
@@ -119,6 +127,39 @@ class ScreeningSteps:
     candidate_time_limit_s: float | None
     metric_name: str
     # From MeasuringStrategy and its mixins: ``_pick``, ``_rebuild``, ``_measure_backend``, ``_sweep_isolated``.
+
+    def _screen_plan(self: Any, screen: Plan, evaluations: list[Evaluation]) -> Plan:
+        """The screening plan with what a candidate needs at each end to be kept, given the candidates so far."""
+        screened = [e for e in evaluations if e.role != BASELINE and (e.backend is not None or e.reused)]
+        best = best_at_ends(screened, screen.batch_sizes)
+        return replace(screen, needs=tuple((size, (1.0 - self.screening_margin) * top)
+                                           for size, top in sorted(best.items()) if top))
+
+    def _screen_first(self: Any, task: GraphTask, plan: Plan, cancel: threading.Event | None,
+                      into: list[tuple[Backend, Measurement]]) -> Callable[[Backend, CandidateReport], None] | None:
+        """With what a candidate needs at the screening ends (``plan.needs``), the ``try_backend`` hook that measures
+        it at the small end before the fidelity check (adding ``(backend, measurement)`` to ``into``, for the sweep
+        to take) and ends it as ``screened_out`` when it is :func:`~.results.out_of_reach`: neither checked nor
+        measured at the large end (the check runs every recorded call, minutes for a candidate 25x slower than
+        eager)."""
+        if not plan.needs:
+            return None
+        first = replace(plan, batch_sizes=[min(plan.batch_sizes)])
+
+        def hook(backend: Backend, row: CandidateReport) -> None:
+            result = self._measure_backend(backend, task, first, cancel)
+            if not result.measurements:
+                return  # the call failed: the check says how
+            into.append((backend, result.measurements[0]))
+            if not out_of_reach(result.measurements[0], plan):
+                return
+            best = {size: need / (1.0 - self.screening_margin) for size, need in plan.needs}
+            row.status, row.measurements = CandidateStatus.SCREENED_OUT, result.to_dict()
+            row.error = f"{screened_out(result, best, self.screening_margin)}; its outputs were not checked"
+            release_quietly(backend)
+            raise CandidateFailedError(row)
+
+        return hook
 
     def _screen(self: Any, evaluations: list[Evaluation], screen: Plan) -> None:
         """Release the screened candidates that can no longer be within the margin of the best."""

@@ -12,7 +12,7 @@ tens of seconds (a ResNet-50 on 2 cores: TorchAO 39 s, Inductor 61 s, Inductor A
   was screened out (below ``1 - screening_margin`` of the best at both screening ends, the large one included),
   the other is skipped. Inductor AOT is also skipped when Inductor JIT's calls, made shorter by more than its
   whole per-call overhead (:data:`JIT_OVERHEAD_MS`), would still lag the best candidate by more than a
-  re-measurement moves (:data:`NOISE`) at every batch size measured: a ResNet-50 whose JIT build ran at 0.7x
+  re-measurement moves (:data:`~.results.NOISE`) at every batch size measured: a ResNet-50 whose JIT build ran at 0.7x
   ONNX Runtime's throughput spent 28 s building its AOT twin for 0.7x.
 * Inductor (JIT and AOT, default settings) leaves a graph's matrix multiplies, convolutions and attention to the
   oneDNN / BLAS kernels eager calls (:data:`HEAVY_KERNELS`) and can only shorten the rest. Their share of an eager
@@ -42,7 +42,7 @@ from torch_tweak.torch.module.forward import original_forward, pristine
 from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.report.status import CandidateStatus
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
-from torch_tweak.torch.tune_strategy.results import BASELINE, Evaluation
+from torch_tweak.torch.tune_strategy.results import BASELINE, NOISE, Evaluation
 from torch_tweak.torch.tune_strategy.screening import best_at_ends
 
 logger = logging.getLogger(__name__)
@@ -52,8 +52,6 @@ LINEAR_SHARE = 0.01
 #: More than the per-call time Inductor AOT saves over Inductor JIT on the same kernels (Dynamo's guards and the
 #: Python wrapper take tens of microseconds on CPU).
 JIT_OVERHEAD_MS = 0.5
-#: How much a candidate's throughput moved between two measurements on these shared 2-core machines (up to 25 %).
-NOISE = 1.25
 #: The aten ops (as a dispatch mode sees them) whose kernels Inductor's default CPU compile calls as eager does.
 HEAVY_KERNELS = frozenset({
     "mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "convolution", "_convolution", "mkldnn_rnn_layer",
@@ -210,7 +208,7 @@ class _KernelTimer(TorchDispatchMode):
 def aot_lag(jit: Evaluation, evaluations: list[Evaluation]) -> str | None:
     """How far Inductor AOT would lag the best candidate at each batch size Inductor JIT (``jit``) was measured
     at, if it ran JIT's kernels without :data:`JIT_OVERHEAD_MS` per call (``0.62x at batch 1, ...``); None when
-    it could come within :data:`NOISE` of the best at one of them."""
+    it could come within :data:`~.results.NOISE` of the best at one of them."""
     if jit.sweep is None or not jit.sweep.measurements:
         return None
     best = best_at_ends([e for e in evaluations if e is not jit], [m.batch_size for m in jit.sweep.measurements])

@@ -13,7 +13,7 @@ import torch
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.module.spec import GraphSpec, resize_batch
 from torch_tweak.torch.profiling import Measurement, ProfilingConfig, SweepResult, device_sync, sweep
-from torch_tweak.torch.tune_strategy.results import Plan
+from torch_tweak.torch.tune_strategy.results import Plan, out_of_reach
 
 
 def sweep_backend(backend: Backend, spec: GraphSpec, device: torch.device, plan: Plan, profiling: ProfilingConfig,
@@ -22,6 +22,7 @@ def sweep_backend(backend: Backend, spec: GraphSpec, device: torch.device, plan:
     """Sweep ``backend`` over ``plan``'s batch sizes with ``profiling``'s rules, after its pause between candidates.
 
     The plan's sample is copied once, so a backend that writes to its inputs does not change the next candidate's.
+    A screening plan's sweep also stops once the candidate is :func:`~.results.out_of_reach` of what it needs.
     """
     if profiling.pause_s > 0:
         time.sleep(profiling.pause_s)
@@ -31,6 +32,9 @@ def sweep_backend(backend: Backend, spec: GraphSpec, device: torch.device, plan:
         args, kwargs = resize_batch(sample, spec, batch_size) if plan.batched else sample
         return lambda: backend.infer(*args, **kwargs)
 
+    def go_on(measurement: Measurement) -> bool:
+        return (keep_going is None or keep_going(measurement)) and not out_of_reach(measurement, plan)
+
     with torch.no_grad():
         return sweep(prepare, plan.batch_sizes, profiling, sync=device_sync(device), cancel=cancel,
-                     keep_going=keep_going, batched=plan.batched, known=plan.known)
+                     keep_going=go_on, batched=plan.batched, known=plan.known)
