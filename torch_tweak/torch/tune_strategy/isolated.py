@@ -160,7 +160,7 @@ class IsolatedCandidates:
         row.worker = outcome.worker
         task.report.candidates.append(row)
         if sweep is None:
-            logger.info("%s: %s failed: %s", describe_task(task), row.backend, row.error)
+            logger.info("%s: %s %s: %s", describe_task(task), row.backend, row.status, row.error)
             return Evaluation(role, row)
         pick = self._pick(sweep)  # type: ignore[attr-defined]
         row.measurements = sweep.to_dict()

@@ -346,9 +346,9 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
                 self.candidate_time_limit_s,
             )
         except CandidateFailedError as failure:
-            task.report.candidates.append(failure.report)
-            logger.info("%s: %s failed: %s", describe_task(task), failure.report.backend, failure.report.error)
-            return Evaluation(role, failure.report)
+            task.report.candidates.append(row := failure.report)
+            logger.info("%s: %s %s: %s", describe_task(task), row.backend, row.status, row.error)
+            return Evaluation(role, row)
         if not finished:
             row = CandidateReport(backend=template.describe(), key=template.key(), role=role, status=TIMEOUT)
             row.error = (f"TimeoutError: did not finish building, checking and measuring within "
