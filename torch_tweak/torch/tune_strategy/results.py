@@ -89,9 +89,9 @@ class Plan:
     needs: tuple[tuple[int, float], ...] = ()
 
 
-
 def out_of_reach(measurement: Measurement, plan: Plan) -> bool:
-    """Whether a candidate measured at ``measurement``'s batch size cannot reach what ``plan.needs`` at any end.
+    """Whether a candidate measured at ``measurement``'s batch size cannot reach what it needs (``plan.needs``) at
+    any screening end.
 
     A call at a larger batch takes no less time than one at a smaller batch, so throughput grows at most in
     proportion to the batch size: the bound at a larger end is this throughput times the ratio of the sizes

@@ -6,9 +6,10 @@ strategy therefore first measures each candidate at the smallest and the largest
 candidates within ``screening_margin`` of the best at either end (the sweep keeps the two screening
 measurements and measures only the sizes between them); the others are ``screened_out`` rows with their two
 measurements. The eager baseline is always swept in full (the eager gate compares with it). A candidate
-whose small-end throughput is already out of reach of what it needs at both ends (:func:`~.results.out_of_reach`) is
-not measured at the large end: a BERT-base quantized by TorchAO ran at 0.04x the best at batch 1 and would
-have spent two 35-second calls at batch 8 to show 0.03x there.
+whose small-end throughput is already out of reach of what it needs at both ends
+(:func:`~.results.out_of_reach`) is neither checked nor measured at the large end: a BERT-base quantized by
+TorchAO ran at 0.04x the best at batch 1 and would have spent 19 recorded calls of 3.7 s on its check and two
+35-second calls at batch 8 to show 0.03x there.
 
 ``tt.tune(..., time_budget_s=...)`` gives each graph a share of the remaining time when its tuning starts
 (unused time rolls over to the next graph). A strategy builds its candidates cheapest first (the registry's

@@ -12,8 +12,8 @@ tens of seconds (a ResNet-50 on 2 cores: TorchAO 39 s, Inductor 61 s, Inductor A
   was screened out (below ``1 - screening_margin`` of the best at both screening ends, the large one included),
   the other is skipped. Inductor AOT is also skipped when Inductor JIT's calls, made shorter by more than its
   whole per-call overhead (:data:`JIT_OVERHEAD_MS`), would still lag the best candidate by more than a
-  re-measurement moves (:data:`~.results.NOISE`) at every batch size measured: a ResNet-50 whose JIT build ran at 0.7x
-  ONNX Runtime's throughput spent 28 s building its AOT twin for 0.7x.
+  re-measurement moves (:data:`~.results.NOISE`) at every batch size measured: a ResNet-50 whose JIT build ran
+  at 0.7x ONNX Runtime's throughput spent 28 s building its AOT twin for 0.7x.
 * Inductor (JIT and AOT, default settings) leaves a graph's matrix multiplies, convolutions and attention to the
   oneDNN / BLAS kernels eager calls (:data:`HEAVY_KERNELS`) and can only shorten the rest. Their share of an eager
   call, timed op by op on the smallest recorded call (kernels and the whole call in the same run, so that a busy
