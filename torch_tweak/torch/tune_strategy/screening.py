@@ -69,6 +69,11 @@ def screened_out(sweep: SweepResult | None, best: dict[int, float], margin: floa
             f"(screening_margin={margin:g}) a candidate needs at one end to be swept over every batch size")
 
 
+def _screened(evaluations: list[Evaluation]) -> list[Evaluation]:
+    """The candidates screening compares: measured, and built here or reused (the baseline is not one)."""
+    return [e for e in evaluations if e.role != BASELINE and (e.backend is not None or e.reused)]
+
+
 def mark_screened_out(evaluation: Evaluation, reason: str) -> None:
     """Turn a passed candidate's row into a ``screened_out`` row."""
     evaluation.row.status = CandidateStatus.SCREENED_OUT
@@ -131,8 +136,7 @@ class ScreeningSteps:
 
     def _screen_plan(self: Any, screen: Plan, evaluations: list[Evaluation]) -> Plan:
         """The screening plan with what a candidate needs at each end to be kept, given the candidates so far."""
-        screened = [e for e in evaluations if e.role != BASELINE and (e.backend is not None or e.reused)]
-        best = best_at_ends(screened, screen.batch_sizes)
+        best = best_at_ends(_screened(evaluations), screen.batch_sizes)
         return replace(screen, needs=tuple((size, (1.0 - self.screening_margin) * top)
                                            for size, top in sorted(best.items()) if top))
 
@@ -164,7 +168,7 @@ class ScreeningSteps:
 
     def _screen(self: Any, evaluations: list[Evaluation], screen: Plan) -> None:
         """Release the screened candidates that can no longer be within the margin of the best."""
-        screened = [e for e in evaluations if e.role != BASELINE and (e.backend is not None or e.reused)]
+        screened = _screened(evaluations)
         best = best_at_ends(screened, screen.batch_sizes)
         for evaluation in screened:
             reason = screened_out(evaluation.sweep, best, self.screening_margin)
