@@ -162,3 +162,34 @@ def test_a_candidate_serving_two_batch_ranges_is_built_once_when_reused(clock):
     _, again = run(clock, candidates())
     assert again.chosen == graph.chosen
     assert sorted(BUILDS) == sorted(c.describe() for c in candidates())  # each once, though one serves two ranges
+
+
+class Compiled(Counted):
+    """A candidate whose build compiles: built again to serve, it compiles again (no files to reuse)."""
+
+    rebuilds_from_files = False
+
+
+@pytest.mark.parametrize(("kind", "b1_gain", "routed"), [
+    (Compiled, 1.15, False),  # within the noise: not worth compiling again in this process
+    (Compiled, 1.6, True),
+    (Counted, 1.15, True),  # built again from its files (or for free): the eager margin is enough
+])
+def test_a_route_to_a_reused_candidate_that_compiles_again_needs_a_gain_above_noise(clock, kind, b1_gain, routed):
+    """The first run builds every candidate here, so a 15 % faster batch-1 route is served; the second run reuses the
+    measurements and would have to compile that candidate again to serve the route."""
+    def candidates():
+        large = Counted(clock, ms_per_call=0.5, ms_per_sample=0.02)  # b1 0.52 ms, b8 0.66 ms (eager: 1 ms a call)
+        return [large, kind(clock, ms_per_call=round(0.52 / b1_gain - 0.2, 3), ms_per_sample=0.2)]
+
+    _, graph = run(clock, candidates())
+    fast_b1 = candidates()[1].describe()
+    assert graph.chosen.startswith(f"BatchRouterBackend(batch<=1: {fast_b1}")  # built here: the margin is eager's
+    BUILDS.clear()
+    rows, again = run(clock, candidates())
+    assert all(row.reused for row in rows.values())
+    if routed:
+        assert again.chosen == graph.chosen and fast_b1 in BUILDS
+    else:
+        assert again.chosen == candidates()[0].describe() and fast_b1 not in BUILDS
+        assert rows[fast_b1].status != "chosen"

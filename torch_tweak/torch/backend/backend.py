@@ -83,6 +83,11 @@ class Backend(ABC):
     #: (their thread pools compete for the cores), so strategies combine backends of different runtimes
     #: only after measuring them on mixed calls (``tune_strategy/mixed_routes.py``).
     runtime: ClassVar[str] = "torch"
+    #: True if building again with the same module, graph and config reuses what the earlier build left (an
+    #: OpenVINO IR, an ONNX model) or costs nothing (eager), rather than compiling again. A candidate measured in a
+    #: worker is built again in the tuning process to serve; strategies route a batch-size range to one that
+    #: compiles again only for a gain larger than measurement noise (``tune_strategy/routing.py``).
+    rebuilds_from_files: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.state = BackendState.INIT

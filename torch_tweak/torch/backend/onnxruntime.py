@@ -179,6 +179,7 @@ class ONNXRuntimeBackend(Backend):
     """
 
     runtime = "onnxruntime"  # its own thread pool, separate from torch's
+    rebuilds_from_files = True  # the saved ONNX model is reused (fingerprint.json)
     native_code = False  # an ONNX file is a graph and weights; onnxruntime only interprets it
     requires_original_module = False
     artifact_keys = (STATE_MODEL,)

@@ -76,6 +76,7 @@ class TorchEagerBackend(Backend):
 
     requires_original_module = True
     config_class = TorchEagerBackendConfig
+    rebuilds_from_files = True  # nothing is compiled: a build only keeps the module
 
     def __init__(self, config: TorchEagerBackendConfig | None = None) -> None:
         super().__init__()

@@ -11,7 +11,7 @@ confirm them.
 from __future__ import annotations
 
 from torch_tweak.torch.backend.backend import BackendState
-from torch_tweak.torch.tune_strategy.results import Evaluation
+from torch_tweak.torch.tune_strategy.results import NOISE, Evaluation
 
 Routes = list[tuple[int | None, Evaluation]]
 
@@ -52,13 +52,29 @@ def worth_keeping(evaluations: list[Evaluation], margin: float) -> list[Evaluati
     return keep
 
 
+def route_margin(rival: Evaluation, margin: float) -> float:
+    """How many times the chosen candidate's throughput ``rival`` needs at a batch size to serve it.
+
+    ``margin`` when serving it costs no compile: it is built in this process already, or building it again
+    reuses the files its measured build left (:attr:`~torch_tweak.torch.backend.Backend.rebuilds_from_files`).
+    A compiler's candidate measured in a worker compiles again here (Inductor on a BERT-base: tens of seconds and
+    hundreds of MB), so it needs at least :data:`~.results.NOISE`: a gain the machine's noise could erase does
+    not pay for that.
+    """
+    built_here = rival.backend is not None and rival.backend.state == BackendState.ACTIVE
+    if built_here or (rival.template is not None and type(rival.template).rebuilds_from_files):
+        return margin
+    return max(margin, NOISE)
+
+
 def batch_routes(chosen: Evaluation, evaluations: list[Evaluation], margin: float,
                  other_runtime: str | None = None) -> Routes | None:
     """``(max_batch_size, evaluation)`` ranges, or None when the chosen candidate should serve every batch size.
 
     At each batch size the chosen candidate measured, a candidate of its runtime (or of ``other_runtime``) that
-    measured the same batch size takes over when its throughput is at least ``margin`` times the chosen one's
-    (and the highest such). A batch size between two measured ones goes with the smaller; the last range is open.
+    measured the same batch size takes over when its throughput is at least :func:`route_margin` times the chosen
+    one's (and the highest such). A batch size between two measured ones goes with the smaller; the last range
+    is open.
     """
     if chosen.sweep is None or (chosen.backend is None and not chosen.reused):
         return None
@@ -74,7 +90,7 @@ def batch_routes(chosen: Evaluation, evaluations: list[Evaluation], margin: floa
         for rival in rivals:
             assert rival.sweep is not None
             m = rival.sweep.at(size)
-            if m is not None and m.throughput >= margin * own[size] and m.throughput > speed:
+            if m is not None and m.throughput >= route_margin(rival, margin) * own[size] and m.throughput > speed:
                 pick, speed = rival, m.throughput
         assignment.append(pick)
     if all(a is chosen for a in assignment):

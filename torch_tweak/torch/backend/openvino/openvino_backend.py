@@ -127,6 +127,7 @@ class OpenVINOBackend(Backend):
 
     STATE_OV_MODEL_DIR = "ov_model_dir"
     runtime = "openvino"
+    rebuilds_from_files = True  # the saved IR is reused (fingerprint.json)
     artifact_keys = (STATE_OV_MODEL_DIR,)
     config_class = OpenVINOBackendConfig
 
