@@ -52,6 +52,11 @@ def test_inductor_jit_and_aot_stand_in_for_each_other_once_one_is_screened_out()
                          "screened out; pass skip_stand_ins=False to the strategy to build it anyway")
     aot_screened = [_evaluation(TorchInductorAOTBackend(), "screened_out")]
     assert strategy._stand_in_row(TorchInductorBackend(), "candidate", None, aot_screened).status == "skipped"
+    # screened out at the small end before its check: one measurement in its row, no sweep
+    jit = TorchInductorBackend()
+    early = Evaluation("candidate", CandidateReport(backend=jit.describe(), key=jit.key(), status="screened_out"),
+                       template=jit)
+    assert strategy._stand_in_row(TorchInductorAOTBackend(), "candidate", None, [early]).status == "skipped"
     # a sibling that was swept may be slower or faster by its per-call overhead: both are measured
     passed = [_evaluation(TorchInductorBackend(), "passed")]
     assert strategy._stand_in_row(TorchInductorAOTBackend(), "candidate", None, passed) is None

@@ -105,7 +105,9 @@ class StandIns:
         if not self.skip_stand_ins:
             return None
         name = type(template).__name__
-        measured = {e.template.key(): e for e in evaluations if e.template is not None and e.sweep is not None}
+        # a candidate screened out before its check has its one measurement in its row, not a sweep
+        measured = {e.template.key(): e for e in evaluations if e.template is not None
+                    and (e.sweep is not None or e.row.status == CandidateStatus.SCREENED_OUT)}
         reason = None
         if name == _TORCHAO:
             inductor = measured.get(_default_key(_INDUCTOR))
