@@ -164,6 +164,24 @@ def test_a_candidate_serving_two_batch_ranges_is_built_once_when_reused(clock):
     assert sorted(BUILDS) == sorted(c.describe() for c in candidates())  # each once, though one serves two ranges
 
 
+RELEASED: list[str] = []
+
+
+class Scratch(Counted):
+    """Records every release of its runtime's scratch memory."""
+
+    def release_scratch(self):
+        RELEASED.append(self.describe())
+
+
+def test_a_candidate_built_again_to_serve_releases_its_scratch_memory_after_its_check(clock):
+    RELEASED.clear()
+    run(clock, [Scratch(clock, ms_per_call=0.5)])
+    assert RELEASED == []  # built and checked here in the first run: kept as measured
+    _, graph = run(clock, [Scratch(clock, ms_per_call=0.5)])
+    assert RELEASED == [graph.chosen]  # reused, built again and confirmed: the check's buffers are released
+
+
 class Compiled(Counted):
     """A candidate whose build compiles: built again to serve, it compiles again (no files to reuse)."""
 

@@ -296,6 +296,17 @@ def test_performance_hints(hint: str, use_dynamo: bool, tmp_path: Path) -> None:
         assert_close(backend.infer(*sample.args), sample.outputs)
 
 
+def test_release_scratch_frees_buffers_and_the_next_call_allocates_again(tmp_path: Path) -> None:
+    backend, _, samples, _ = build("mlp", tmp_path, performance_hint="THROUGHPUT", **F32)
+    for sample in samples:
+        backend.infer(*sample.args)
+    backend.release_scratch()
+    for sample in samples:  # same results at every size after the buffers were released
+        assert_close(backend.infer(*sample.args), sample.outputs)
+    backend.deactivate()
+    backend.release_scratch()  # nothing compiled: nothing to free, no error
+
+
 def test_default_precision_is_reported(tmp_path: Path) -> None:
     backend, _, samples, _ = build("encoder", tmp_path)
     expected = backend._compiled_model.get_property("INFERENCE_PRECISION_HINT").to_string()

@@ -255,6 +255,13 @@ class Backend(ABC):
         """This backend and the backends it delegates to (a router's routes), for checks that need all."""
         return [self]
 
+    def release_scratch(self) -> None:
+        """Free what the runtime keeps between calls for the largest inputs it has seen (activation buffers); the
+        next call allocates what it needs again. Strategies call it on the backends they built in the tuning
+        process once those are checked, so that process does not keep every checked batch size's buffers of
+        every candidate that serves (by default there is nothing to free)."""
+        return None
+
     def unsafe_settings(self) -> list[str]:
         """Settings of this backend (and its components) that a checkpoint must not carry: see
         :meth:`BackendConfig.unsafe_settings`."""

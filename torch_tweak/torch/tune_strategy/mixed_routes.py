@@ -134,6 +134,8 @@ class MixedRoutes:
         current, proposed = _serving(routes, chosen, task.graph_spec), _serving(proposal, chosen, task.graph_spec)
         before, after = mixed_call_times([current, proposed], task.graph_spec, task.device, plan, sizes,
                                          self.profiling)
+        for component in {id(c): c for c in (*current.components(), *proposed.components())}.values():
+            component.release_scratch()  # every size's buffers in every backend of both: serving needs fewer
         rerouted = {size for size in sizes if _route_at(proposal, size) is not _route_at(routes, size, chosen)}
         cycle = (f"one call at each batch size {sizes} in turn, p50 ms per call: {_times(after)} with the routes vs "
                  f"{_times(before)} without")

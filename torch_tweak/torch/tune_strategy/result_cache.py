@@ -175,6 +175,8 @@ class ReusedResults:
                            evaluation.row.backend, where, evaluation.row.error)
             return False
         evaluation.backend = backend
+        for component in backend.components():  # the confirming check's largest batch need not stay allocated
+            component.release_scratch()
         evaluation.row.fidelity = evaluation.row.fidelity or fresh.fidelity
         if evaluation.reused or evaluation.row.build_time_s is None:
             evaluation.row.build_time_s = fresh.build_time_s

@@ -220,6 +220,12 @@ class OpenVINOBackend(Backend):
         self._runner = None
         self._compiled_model = None
 
+    def release_scratch(self) -> None:
+        """``CompiledModel.release_memory()``: its intermediate buffers (on a ResNet-50, 320 MB of 985 MB after calls at
+        batch 1 and 32 of a LATENCY and a THROUGHPUT model; the next call at a size allocates again)."""
+        if self._compiled_model is not None and hasattr(self._compiled_model, "release_memory"):
+            self._compiled_model.release_memory()
+
     def _deploy(self) -> None:
         self._deactivate()
         self._compile(building=False)
