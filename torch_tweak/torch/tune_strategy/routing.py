@@ -16,11 +16,14 @@ from torch_tweak.torch.tune_strategy.results import NOISE, Evaluation
 Routes = list[tuple[int | None, Evaluation]]
 
 
+def _built_here(evaluation: Evaluation) -> bool:
+    return evaluation.backend is not None and evaluation.backend.state == BackendState.ACTIVE
+
+
 def _alive(evaluations: list[Evaluation]) -> list[Evaluation]:
     """Measured candidates that are built here, or measured elsewhere (result cache, a worker) and buildable."""
     return [e for e in evaluations if e.sweep is not None and (
-        (e.backend is not None and e.backend.state == BackendState.ACTIVE)
-        or (e.reused and e.template is not None and e.pick is not None))]
+        _built_here(e) or (e.reused and e.template is not None and e.pick is not None))]
 
 
 def runtime_of(evaluation: Evaluation) -> str:
@@ -61,8 +64,7 @@ def route_margin(rival: Evaluation, margin: float) -> float:
     hundreds of MB), so it needs at least :data:`~.results.NOISE`: a gain the machine's noise could erase does
     not pay for that.
     """
-    built_here = rival.backend is not None and rival.backend.state == BackendState.ACTIVE
-    if built_here or (rival.template is not None and type(rival.template).rebuilds_from_files):
+    if _built_here(rival) or (rival.template is not None and type(rival.template).rebuilds_from_files):
         return margin
     return max(margin, NOISE)
 
