@@ -131,6 +131,43 @@ def test_kernel_time_times_the_matrix_multiplies_of_the_smallest_recorded_call()
     assert kernel_time(_RecordedTask(light, {None: torch.randn(3)})) is None  # no batch axis: no bound
 
 
+def test_largest_linear_call_counts_the_call_of_the_largest_recorded_batch() -> None:
+    from torch_tweak.torch.tune_strategy.stand_ins import largest_linear_call
+
+    # Linear(8, 16) then Linear(16, 4): 8 * 16 multiply-adds per row for the larger one
+    assert largest_linear_call(_RecordedTask(mlp(), {2: torch.randn(2, 8), 32: torch.randn(32, 8)})) == 32 * 8 * 16
+    no_linear = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).eval()
+    assert largest_linear_call(_RecordedTask(no_linear, {1: torch.randn(1, 3, 8, 8)})) == 0
+    assert largest_linear_call(_RecordedTask(mlp(), {1: torch.randn(1, 5)})) is None  # the call fails: not countable
+
+
+@pytest.mark.skipif(not backend_available("TorchAOBackend"), reason="needs torchao")
+def test_torchao_is_skipped_before_anything_is_measured_when_its_matrices_are_too_small_for_int8() -> None:
+    from torch_tweak.torch.backend import TorchAOBackendConfig
+    from torch_tweak.torch.tune_strategy.stand_ins import INT8_MIN_LINEAR_MACS
+
+    strategy = tt.HighestThroughputStrategy()
+    small = _RecordedTask(mlp(), {1: torch.randn(1, 8), 8: torch.randn(8, 8)})
+    row = strategy._stand_in_row(TorchAOBackend(), "candidate", small, [])
+    assert row is not None and row.status == "skipped" and row.build_time_s is None
+    assert row.error == ("skipped: its int8 quantizes every call's activations, which costs more than int8 saves on "
+                         "matrices this small: the largest nn.Linear call of the largest recorded batch does 1,024 "
+                         f"multiply-adds, under {INT8_MIN_LINEAR_MACS:,}; pass skip_stand_ins=False to the strategy "
+                         "to build it anyway")
+    # a large enough call at the largest batch (8 x 512 x 512 = 2.1 M): built, even though batch 1 is small
+    wide = torch.nn.Sequential(torch.nn.Linear(512, 512)).eval()
+    large = _RecordedTask(wide, {1: torch.randn(1, 512), 8: torch.randn(8, 512)})
+    assert 8 * 512 * 512 >= INT8_MIN_LINEAR_MACS
+    assert strategy._stand_in_row(TorchAOBackend(), "candidate", large, []) is None
+    # no linear layer at all (nothing to learn from this rule), another quantization, or the rule switched off: built
+    convs = _RecordedTask(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).eval(), {1: torch.randn(1, 3, 8, 8)})
+    assert strategy._stand_in_row(TorchAOBackend(), "candidate", convs, []) is None
+    weights_only = TorchAOBackend(TorchAOBackendConfig(quantization="int8wo"))
+    assert strategy._stand_in_row(weights_only, "candidate", small, []) is None
+    assert tt.HighestThroughputStrategy(skip_stand_ins=False)._stand_in_row(TorchAOBackend(), "candidate", small,
+                                                                            []) is None
+
+
 def _eager(ms_at: dict[int, float]) -> Evaluation:
     evaluation = _measured(tt.backend.TorchEagerBackend(), ms_at)
     evaluation.role = "baseline"
