@@ -104,3 +104,35 @@ def test_without_the_original_weights_the_refusal_is_raised():
     assert internals(wrapped).offloaded
     with pytest.raises(UnsupportedInputError, match="limit of 4"):
         wrapped(torch.randn(7, 8))
+
+
+def test_a_graph_that_needed_auto_dims_once_is_exported_with_them_first():
+    """OpenVINO and ONNX Runtime export the same graph in one worker: the failing first attempt runs once."""
+    from torch_tweak.torch.backend._export import export_with_dims
+    from torch_tweak.torch.module.recording import Recorder
+
+    model, recorder = tiny_bert(), Recorder(True, 8)
+    with torch.no_grad():
+        for sentence in bert_dataset():
+            recorder.record_call(model.forward, (), {k: v.unsqueeze(0) for k, v in sentence.items()}, 1)
+    (spec,) = recorder.graph_specs()
+    assert any(s.dynamic_axes() for s in spec.inputs)
+    tried = []
+
+    def export(auto_dims: bool) -> str:
+        tried.append(auto_dims)
+        if not auto_dims:
+            raise RuntimeError("Constraints violated")
+        return "program"
+
+    assert export_with_dims(model, spec, export, "test export") == "program" and tried == [False, True]
+    assert export_with_dims(model, spec, export, "test export") == "program" and tried == [False, True, True]
+    assert export_with_dims(tiny_bert(), spec, export, "test export") == "program"  # another module: tried again
+    assert tried[3:] == [False, True]
+    static = mlp()
+    static_recorder = Recorder(True, 8)
+    with torch.no_grad():
+        static_recorder.record_call(static.forward, (torch.randn(2, 8),), {}, 2)
+    (static_spec,) = static_recorder.graph_specs()
+    with pytest.raises(RuntimeError, match="Constraints violated"):  # no dynamic axis: nothing to retry with
+        export_with_dims(static, static_spec, export, "test export")

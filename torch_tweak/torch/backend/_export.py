@@ -9,8 +9,10 @@ axes, and :func:`example_leaves` picks example inputs that avoid the 0/1 special
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import logging
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -18,6 +20,12 @@ from torch import nn
 from torch_tweak.errors import ConversionError, UnsupportedInputError
 from torch_tweak.torch.module.spec import GraphSpec, resize_batch
 from torch_tweak.torch.module.tree import Sample, flatten, flatten_sample, unflatten_sample
+
+logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
+# Graphs (by module and dispatch key) whose export needed Dim.AUTO in this process: OpenVINO and ONNX Runtime
+# export the same graph, and the failing first attempt costs seconds (2 s for the demo's encoder on 2 cores).
+_NEEDS_AUTO_DIMS: weakref.WeakKeyDictionary[nn.Module, set[tuple[Any, ...]]] = weakref.WeakKeyDictionary()
 
 
 class CallLeaves:
@@ -120,3 +128,21 @@ def dynamic_shapes(graph_spec: GraphSpec, auto_dims: bool = False) -> tuple[Any,
             axes[axis] = Dim.AUTO if auto_dims else Dim(f"{spec.name}_dim{axis}", min=1)
         per_leaf.append(axes or None)
     return (tuple(per_leaf),)
+
+
+def export_with_dims(module: nn.Module, graph_spec: GraphSpec, export: Callable[[bool], _T], what: str) -> _T:
+    """``export(auto_dims)`` with independent dims first and ``Dim.AUTO`` when that fails on a graph with dynamic
+    axes (the last error propagates). A graph of ``module`` that needed ``Dim.AUTO`` once in this process starts
+    with it."""
+    known = _NEEDS_AUTO_DIMS.get(module, set())
+    key = graph_spec.key()
+    if key not in known:
+        try:
+            return export(False)
+        except Exception as first:
+            if not any(s.dynamic_axes() for s in graph_spec.inputs):
+                raise
+            logger.info("%s with independent dynamic dims failed (%s); retrying with Dim.AUTO.", what, first)
+    result = export(True)
+    _NEEDS_AUTO_DIMS.setdefault(module, set()).add(key)
+    return result

@@ -29,7 +29,7 @@ from torch import nn
 from torch_tweak.errors import BackendUnavailableError, ConversionError
 from torch_tweak.torch import environment
 from torch_tweak.torch.backend._compile_helpers import build_failure
-from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
+from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves, export_with_dims
 from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample
@@ -71,13 +71,7 @@ def export_onnx(module: nn.Module, graph_spec: GraphSpec, data: list[Sample], pa
                                          dynamic_shapes=dynamic_shapes(graph_spec, auto_dims), **names)
 
         try:
-            try:
-                program = export(auto_dims=False)
-            except Exception as first:
-                if not any(s.dynamic_axes() for s in graph_spec.inputs):
-                    raise
-                logger.info("ONNX export with independent dynamic dims failed (%s); retrying with Dim.AUTO.", first)
-                program = export(auto_dims=True)
+            program = export_with_dims(module, graph_spec, export, "ONNX export")
         except ConversionError:
             raise
         except Exception as exc:

@@ -25,7 +25,7 @@ from torch import nn
 from torch_tweak.errors import BackendUnavailableError, ConversionError
 from torch_tweak.torch.backend._artifact_reuse import FINGERPRINT_NAME, forget, matches, record
 from torch_tweak.torch.backend._artifact_reuse import fingerprint as artifact_fingerprint
-from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
+from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves, export_with_dims
 from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
 from torch_tweak.torch.module.tree import Sample
@@ -70,7 +70,7 @@ def to_ov_model(module: nn.Module, graph_spec: GraphSpec, data: list[Sample], us
     with torch.no_grad(), pristine(module):
         wrapper = FlatForward(module, graph_spec).eval()
         if use_dynamo:
-            program = _export(wrapper, graph_spec, tuple(leaves))
+            program = _export(module, wrapper, graph_spec, tuple(leaves))
             try:
                 model = ov.convert_model(program)
             except Exception as exc:
@@ -84,17 +84,14 @@ def to_ov_model(module: nn.Module, graph_spec: GraphSpec, data: list[Sample], us
     return model
 
 
-def _export(wrapper: nn.Module, graph_spec: GraphSpec, leaves: tuple[torch.Tensor, ...]) -> Any:
+def _export(module: nn.Module, wrapper: nn.Module, graph_spec: GraphSpec, leaves: tuple[torch.Tensor, ...]) -> Any:
+    def export(auto_dims: bool) -> Any:
+        return torch.export.export(wrapper, leaves, dynamic_shapes=dynamic_shapes(graph_spec, auto_dims))
+
     try:
-        return torch.export.export(wrapper, leaves, dynamic_shapes=dynamic_shapes(graph_spec))
-    except Exception as first:
-        if not any(s.dynamic_axes() for s in graph_spec.inputs):
-            raise _conversion_error("torch.export", first, True) from first
-        logger.info("torch.export with independent dynamic dims failed (%s); retrying with Dim.AUTO.", first)
-        try:
-            return torch.export.export(wrapper, leaves, dynamic_shapes=dynamic_shapes(graph_spec, auto_dims=True))
-        except Exception as exc:
-            raise _conversion_error("torch.export", exc, True) from exc
+        return export_with_dims(module, graph_spec, export, "torch.export")
+    except Exception as exc:
+        raise _conversion_error("torch.export", exc, True) from exc
 
 
 def _partial_shape(ov: Any, spec: TensorSpec) -> Any:
