@@ -4,25 +4,26 @@ with a warning instead of failing in the worker."""
 
 from __future__ import annotations
 
-import pickle
 import sys
 from typing import Any
 
 from torch_tweak.errors import WorkerError
+from torch_tweak.torch.executor._stream import ContextPickler
 
 
 class _Discard:
     """A file that keeps nothing: pickling into it checks that an object pickles without holding its bytes."""
 
-    def write(self, data: bytes) -> int:
-        return len(data)
+    def write(self, data: Any) -> int:
+        return memoryview(data).nbytes  # bytes, or a storage's memory (a PickleBuffer)
 
 
-class _Check(pickle.Pickler):
-    """Pickles into :class:`_Discard` and notes the classes and functions defined in ``__main__``."""
+class _Check(ContextPickler):
+    """Pickles into :class:`_Discard` as a worker is sent the context, and notes the classes and functions
+    defined in ``__main__``."""
 
     def __init__(self) -> None:
-        super().__init__(_Discard(), protocol=pickle.HIGHEST_PROTOCOL)
+        super().__init__(_Discard())
         self.from_main: set[str] = set()
 
     def persistent_id(self, obj: Any) -> None:

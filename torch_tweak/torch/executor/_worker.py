@@ -1,7 +1,7 @@
 """The loop of a worker process started by :class:`~torch_tweak.torch.executor.process.ProcessExecutor`.
 
 Messages arrive on the pipe as pickles written by the parent (the process that started this one), never read
-from disk: ``("context", token, blob)``, ``("drop", token)``, ``("run", token, fn, args)`` and ``("stop",)``.
+from disk: ``("context", token)`` followed by the context as a stream (:mod:`._stream`), ``("drop", token)``, ``("run", token, fn, args)`` and ``("stop",)``.
 Replies are ``("ready", info)``, ``("log", record)``, ``("done", value)`` and ``("error", text)``.
 Log records at or above the parent's level are forwarded, so the caller's handlers see them.
 """
@@ -17,6 +17,8 @@ import threading
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
+
+from torch_tweak.torch.executor._stream import receive_pickle
 
 
 class _Unloadable:
@@ -95,7 +97,7 @@ def main(conn: Connection, num_threads: int, log_level: int) -> None:
             contexts.pop(message[1], None)
         elif kind == "context":
             try:
-                contexts[message[1]] = pickle.loads(message[2])
+                contexts[message[1]] = receive_pickle(conn)
             except Exception:  # noqa: BLE001 - reported with the first run against it
                 contexts[message[1]] = _Unloadable(traceback.format_exc())
         elif kind == "run":

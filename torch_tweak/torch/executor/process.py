@@ -34,6 +34,7 @@ import torch
 from torch_tweak.errors import ConfigError, WorkerError
 from torch_tweak.torch.executor import _worker
 from torch_tweak.torch.executor._sendable import check_sendable
+from torch_tweak.torch.executor._stream import send_pickle
 from torch_tweak.torch.executor.base import (
     CRASHED,
     ERROR,
@@ -256,9 +257,8 @@ class ProcessExecutor(Executor):
         start = time.monotonic()
         try:
             if shared.token not in worker.contexts:
-                blob = pickle.dumps(shared.context, protocol=pickle.HIGHEST_PROTOCOL)
-                worker.send(("context", shared.token, blob))
-                del blob  # the caller keeps no copy of the module's bytes
+                worker.send(("context", shared.token))
+                send_pickle(worker.conn, shared.context)  # streamed: this process holds no copy of the weights
                 worker.contexts.add(shared.token)
             worker.send(("run", shared.token, fn, args))
         except OSError as exc:
