@@ -2,7 +2,7 @@
 
 A tuning context holds the module's weights. Pickling it to bytes, then pickling those bytes into a message,
 had the caller hold the weights three times at once (a BERT-base's 440 MB: the tuning process rose from 880
-to 1,682 MB while a worker started) and the worker four times while it unpickled. torch pickles a CPU storage as
+to 1,682 MB while a worker started), and the worker several times while it unpickled. torch pickles a CPU storage as
 the bytes of a ``torch.save`` of it, which the pickler's memo then keeps until the end: a second copy of every
 weight even when the pickle goes nowhere. :class:`ContextPickler` writes a CPU storage's memory as it is instead
 (a protocol-5 ``PickleBuffer``, no copy), and the worker wraps the bytearray it receives without copying it again.

@@ -1,7 +1,8 @@
 """The loop of a worker process started by :class:`~torch_tweak.torch.executor.process.ProcessExecutor`.
 
 Messages arrive on the pipe as pickles written by the parent (the process that started this one), never read
-from disk: ``("context", token)`` followed by the context as a stream (:mod:`._stream`), ``("drop", token)``, ``("run", token, fn, args)`` and ``("stop",)``.
+from disk: ``("context", token)`` followed by the context as a stream (:mod:`._stream`), ``("drop", token)``,
+``("run", token, fn, args)`` and ``("stop",)``.
 Replies are ``("ready", info)``, ``("log", record)``, ``("done", value)`` and ``("error", text)``.
 Log records at or above the parent's level are forwarded, so the caller's handlers see them.
 """
