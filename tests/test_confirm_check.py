@@ -1,6 +1,7 @@
 """Confirming checks (torch_tweak/torch/tune_strategy/base.py, result_cache.py): a build whose outputs were judged
 before (the eager baseline against its own recordings, a reused or worker-measured candidate built again to serve)
-is judged on the in-memory samples, and on every recorded call only when those do not pass.
+is judged on the in-memory call of the smallest batch, and on every recorded call only when that one does not pass;
+a rebuilt candidate keeps the judged build's non-finite probe outcome instead of probing again.
 
 Each dataset item is tagged by its value (item ``i`` is ``full(i)``), so the task metric shows which recorded calls
 judged a candidate. A task metric makes tuning keep held-out calls on disk (tt.config.max_num_calibration_samples).
@@ -21,6 +22,7 @@ from torch_tweak.torch.testing import FakeClock, TimedBackend
 
 JUDGED: list[tuple[float, ...]] = []  # the tags of each call the task metric saw, in order
 MISMATCH: set[float] = set()  # tags on which Flipping backends swap the two scores
+POISONED: list[int] = []  # calls with a NaN or inf input that reached a NaNHiding backend
 
 
 class Scores(nn.Module):
@@ -39,7 +41,17 @@ class Flipping(TimedBackend):
         return torch.where(flip[:, None], out.flip(1), out)
 
 
+class NaNHiding(TimedBackend):
+    """Eager, except that NaN outputs become 0 (as OpenVINO's ReLU does): the probes put it behind the guard."""
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        if not bool(torch.isfinite(args[0]).all()):
+            POISONED.append(1)
+        return torch.nan_to_num(super()._infer(*args, **kwargs), nan=0.0)
+
+
 IN_MEMORY = [(1.0,), (1.0, 2.0)]
+SMALLEST = IN_MEMORY[:1]  # the in-memory call of the smallest batch
 
 
 def tagged(count: int) -> list[torch.Tensor]:
@@ -55,6 +67,7 @@ def recording_metric(reference: torch.Tensor, candidate: torch.Tensor) -> float:
 def clock() -> FakeClock:
     JUDGED.clear()
     MISMATCH.clear()
+    POISONED.clear()
     return FakeClock()
 
 
@@ -69,25 +82,37 @@ def tune(clock: FakeClock, fidelity: FidelityConfig, candidate: TimedBackend | N
     return {row.role: row for row in graph.candidates}, graph
 
 
-def test_the_baseline_is_judged_on_the_in_memory_samples_and_the_candidates_on_every_call(clock: FakeClock) -> None:
+def test_the_baseline_is_judged_on_its_smallest_call_and_the_candidates_on_every_call(clock: FakeClock) -> None:
     rows, graph = tune(clock, FidelityConfig(metric=recording_metric, threshold=0.99))
     baseline, candidate = rows["baseline"], rows["candidate"]
-    assert (baseline.fidelity["samples"], baseline.fidelity["held_out_samples"]) == (2, 0)
-    assert JUDGED[:2] == IN_MEMORY  # the baseline: the first call at each batch size, kept in memory
+    assert (baseline.fidelity["samples"], baseline.fidelity["held_out_samples"]) == (1, 0)
+    assert JUDGED[:1] == SMALLEST  # the baseline: the in-memory call of batch size 1
     held_out = candidate.fidelity["held_out_samples"]
     assert held_out > 10 and candidate.fidelity["samples"] == 2 + held_out
-    assert JUDGED[2:4] == IN_MEMORY and len(JUDGED) == 4 + held_out
+    assert JUDGED[1:3] == IN_MEMORY and len(JUDGED) == 3 + held_out  # the first call at each batch size, then the rest
     assert graph.chosen == candidate.backend
 
 
-def test_a_rebuilt_result_is_confirmed_on_the_in_memory_samples_and_keeps_the_full_check(clock: FakeClock) -> None:
+def test_a_rebuilt_result_is_confirmed_on_its_smallest_call_and_keeps_the_full_check(clock: FakeClock) -> None:
     fidelity = FidelityConfig(metric=recording_metric, threshold=0.99)
     first, _ = tune(clock, fidelity)
     JUDGED.clear()
     second, graph = tune(clock, fidelity)  # every result reused; the chosen one is built again to serve
     assert second["candidate"].reused and graph.chosen == second["candidate"].backend
-    assert JUDGED == IN_MEMORY  # the confirming check only
+    assert JUDGED == SMALLEST  # the confirming check only
     assert second["candidate"].fidelity == first["candidate"].fidelity  # the report shows the full check
+
+
+def test_a_rebuilt_result_keeps_the_guard_its_probes_asked_for_without_probing_again(clock: FakeClock) -> None:
+    first, graph = tune(clock, FidelityConfig(), NaNHiding(clock, ms_per_call=0.5))
+    assert first["candidate"].backend.endswith("+ non-finite guard") and graph.chosen == first["candidate"].backend
+    assert POISONED  # the probes of the first run reached the candidate
+    POISONED.clear()
+    second, graph = tune(clock, FidelityConfig(), NaNHiding(clock, ms_per_call=0.5))
+    assert second["candidate"].reused and graph.chosen == first["candidate"].backend
+    assert not POISONED  # the rebuild kept the judged outcome: no probe ran
+    assert second["candidate"].fidelity["non_finite"] == first["candidate"].fidelity["non_finite"]
+    assert {p["status"] for p in first["candidate"].fidelity["non_finite"]} == {"guarded"}
 
 
 def test_when_the_in_memory_samples_fail_a_pooled_metric_every_call_is_judged(clock: FakeClock) -> None:

@@ -52,6 +52,7 @@ from torch_tweak.torch.fidelity_probes import (  # noqa: F401 - the fidelity che
     NonFiniteProbe,
     compare_non_finite,
     guarded_probes,
+    judged_probe_outcome,
     poison_sample,
     probe_non_finite,
     probe_sample,

@@ -200,6 +200,25 @@ def guarded_probes(bare: Sequence[NonFiniteProbe], through: Sequence[NonFinitePr
     return merged
 
 
+def judged_probe_outcome(fidelity: Any) -> tuple[bool, str] | None:
+    """What a judged build's probes decided, from its report row's ``fidelity`` dict: ``(True, reason)`` when the
+    build serves behind the non-finite guard (``reason``: the first guarded probe's message), ``(False, "")``
+    when every probe that ran passed or was skipped, None when the row holds no probe outcome to reuse.
+
+    A rebuild of the same artifact (an IR, an ONNX file, a warm compiler cache) computes what the judged build
+    computed, so it is confirmed on a recorded call and keeps this decision instead of probing again. The dict
+    may come from the tuning cache on disk: its values are only read as text and compared, never called.
+    """
+    probes = fidelity.get("non_finite") if isinstance(fidelity, dict) else None
+    if not isinstance(probes, list) or not probes or not all(isinstance(p, dict) for p in probes):
+        return None
+    statuses = [p.get("status") for p in probes]
+    if PROBE_GUARDED in statuses:
+        message = next(str(p.get("message", "")) for p in probes if p.get("status") == PROBE_GUARDED)
+        return True, message.split(f"; {THROUGH_GUARD}")[0]  # the candidate's own failure, as the guard states it
+    return (False, "") if all(s in (PROBE_PASSED, PROBE_SKIPPED) for s in statuses) else None
+
+
 @contextlib.contextmanager
 def _buffers_restored(module: nn.Module) -> Iterator[None]:
     """Put ``module``'s floating-point buffers back to their current values when the block ends."""

@@ -157,15 +157,17 @@ class ReusedResults:
         """Build and confirm a reused (or worker-measured) candidate that is to serve; False (its row says why) if
         that fails now.
 
-        The rebuild loads the artifact the judged build left (an IR, an ONNX file, a compiler's cache), so the
-        confirming check on the in-memory samples is enough (every judged call when those do not pass), and the
-        row keeps the full check's result. A worker's row keeps the worker's build time, the cost of tuning; a
+        The rebuild loads the artifact the judged build left (an IR, an ONNX file, a compiler's cache), so a
+        confirming check on the smallest in-memory call is enough (every judged call when it does not pass), the
+        judged build's non-finite probe outcome stands (behind the guard or not), and the row keeps the full
+        check's result. A worker's row keeps the worker's build time, the cost of tuning; a
         result reused from an earlier run shows what it took to build this time.
         """
         assert evaluation.template is not None
         private = replace(task, report=GraphReport(name=task.report.name))
         try:
-            backend, fresh = self.try_backend(evaluation.template, private, evaluation.role, confirm=True)
+            backend, fresh = self.try_backend(evaluation.template, private, evaluation.role, confirm=True,
+                                              judged=evaluation.row)
         except CandidateFailedError as failure:
             for name in ("status", "error", "fidelity", "log_path", "build_time_s"):
                 setattr(evaluation.row, name, getattr(failure.report, name))
