@@ -349,3 +349,20 @@ def test_while_measuring_only_candidates_that_could_serve_a_range_stay_alive():
     kept = worth_keeping([best, close, small, other], 1.05)
     assert [e.row.backend for e in kept] == ["best", "small", "other"]
     assert [e.row.backend for e in worth_keeping([best, close, other], 1.05)] == ["best", "other"]
+
+
+def test_a_route_to_another_runtime_needs_a_gain_beyond_the_measurement_noise():
+    """Serving another runtime keeps its weights and thread pool too: a 10 % gain is no reason, 1.4x is."""
+    from torch_tweak.torch.tune_strategy.results import NOISE
+    from torch_tweak.torch.tune_strategy.routing import batch_routes
+
+    chosen = _evaluation("chosen", "onnxruntime", {1: 1.0, 32: 40.0})
+    slightly = _evaluation("slightly", "openvino", {1: 1.2, 32: 40.0 / 1.1})    # 1.1x at batch 32
+    same_runtime = _evaluation("same", "onnxruntime", {1: 1.2, 32: 40.0 / 1.1})  # 1.1x, no second runtime
+    clearly = _evaluation("clearly", "openvino", {1: 1.2, 32: 40.0 / 1.4})     # 1.4x at batch 32
+    assert 1.1 < NOISE < 1.4
+    assert batch_routes(chosen, [chosen, slightly], 1.05, other_runtime="openvino") is None
+    assert [(b, e.row.backend) for b, e in batch_routes(chosen, [chosen, same_runtime], 1.05)] == [
+        (31, "chosen"), (None, "same")]
+    assert [(b, e.row.backend) for b, e in batch_routes(chosen, [chosen, clearly], 1.05, other_runtime="openvino")] \
+        == [(31, "chosen"), (None, "clearly")]
