@@ -9,7 +9,8 @@ candidates; the peer workloads (``mlp``, ``resnet50``, ``resnet50_random``, ``be
 are tuned exactly as ``benchmarks/peers.py --full`` tunes them (same weights recipe, the same
 ``--tune-samples`` tuning samples, its tuning batch sizes, its candidates: the defaults plus Inductor AOT):
 
-* first: an empty cache folder;
+* first: an empty cache folder (Inductor's compiler cache is a folder inside it, so each first run compiles
+  from nothing);
 * second: the same cache folder again (results reused, only the chosen candidate built again);
 * resumed: an empty cache folder, the process killed with SIGKILL after ``--kill-after`` times the first
   run's wall time, then tuned again in that folder (only what had not finished is built).
@@ -132,9 +133,16 @@ def serve(workload: str, cache: str) -> None:
     print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
+def _env(cache: str) -> dict[str, str]:
+    """The child's environment: Inductor's compiler cache in the run's own cache folder, so a first run compiles
+    from nothing (as a user's first tune does), a second run finds what its first run compiled, and a resumed run
+    what its killed run compiled, never what another run of this script left in the machine's shared cache."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor-cache")}
+
+
 def _run(workload: str, cache: str, executor: str, kill_after: float | None = None) -> dict | None:
     command = [sys.executable, __file__, "--child", workload, cache, executor]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = _env(cache)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     if kill_after is not None:
         try:
@@ -151,7 +159,7 @@ def _run(workload: str, cache: str, executor: str, kill_after: float | None = No
 
 def _serve(workload: str, cache: str) -> dict:
     command = [sys.executable, __file__, "--serve", workload, cache]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(command, capture_output=True, text=True, env=_env(cache))
     if done.returncode != 0:
         raise SystemExit(f"{workload}: the serving process failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
