@@ -15,7 +15,9 @@ says how to fix it (a script without an ``if __name__ == "__main__":`` guard is 
 from __future__ import annotations
 
 import copy
+import ctypes
 import logging
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -64,9 +66,12 @@ def evaluate_candidate(context: WorkerContext, template: Backend, role: str, pla
     except CandidateFailedError as failure:
         return failure.report, None
     if keep:
+        for component in backend.components():  # it waits for its sweep: its largest batch's buffers need not
+            component.release_scratch()
         context.kept[template.key()] = backend
     else:
         release_quietly(backend)
+    _return_freed_memory()
     return task.report.candidates[-1], sweep
 
 
@@ -80,12 +85,28 @@ def sweep_candidate(context: WorkerContext, template: Backend, role: str, plan: 
         return context.strategy._measure_backend(backend, context.task, plan, None)
     finally:
         release_quietly(backend)
+        _return_freed_memory()
 
 
 def keep_only(context: WorkerContext, keys: list[str]) -> None:
     """In the worker: release the kept candidates whose keys are not in ``keys`` (screened out, or tuning ended)."""
     for key in [k for k in context.kept if k not in keys]:
         release_quietly(context.kept.pop(key))
+    _return_freed_memory()
+
+
+def _return_freed_memory() -> None:
+    """Give the heap memory freed by released candidates back to the system (glibc's ``malloc_trim``): the worker
+    builds one candidate after another, and its RSS otherwise keeps what the earlier ones freed (a ResNet-50's 11
+    candidates on 2 cores, empty caches: the worker peaked at 2.5 GB with this and with kept candidates' scratch
+    released, 2.8 GB without; 1.2 GB against 1.5 GB after the first five). Nothing happens on other C libraries."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        return
+    trim(0)
 
 
 def failure_row(template: Backend, role: str, failure: Failure, cache_dir: Path) -> CandidateReport:
