@@ -199,9 +199,8 @@ def test_inductor_is_skipped_when_eager_kernels_alone_keep_it_below_what_screeni
     # with freezing on in Inductor's process-wide config, its kernels are not eager's: no bound
     from torch._inductor import config as inductor_config
 
-    monkeypatch.setattr(inductor_config, "freezing", True)
-    assert strategy._stand_in_row(TorchInductorBackend(), "candidate", object(), [eager, fast]) is None
-    monkeypatch.setattr(inductor_config, "freezing", False)
+    with inductor_config.patch(freezing=True):  # its own patch: monkeypatch would delete the setting on undo
+        assert strategy._stand_in_row(TorchInductorBackend(), "candidate", object(), [eager, fast]) is None
     # within reach at one end (2.0x eager at batch 8, 0.74x of the bound): built
     close = _passed({1: 15.0, 8: 320.0})
     assert strategy._stand_in_row(TorchInductorBackend(), "candidate", object(), [eager, close]) is None
