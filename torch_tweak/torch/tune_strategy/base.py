@@ -312,16 +312,17 @@ class TuneStrategy(ABC):
             return backend
         sample = probe_sample(task.samples)
         known = judged_probe_outcome(judged.fidelity) if confirm and judged is not None else None
-        if result.passed and self.fidelity.check_non_finite and sample is not None and known is not None:
-            guarded, reason = known
-            if guarded and self.fidelity.non_finite == NON_FINITE_GUARD:
-                backend = NonFiniteGuardBackend(backend, task.module, task.graph_spec, f"fidelity probe: {reason}")
-                row.backend = backend.describe()
-        elif result.passed and self.fidelity.check_non_finite and sample is not None:
-            probes = probe_non_finite(task.module, backend.infer, sample, task.graph_spec)
-            if self.fidelity.non_finite == NON_FINITE_GUARD and any(p.status == PROBE_FAILED for p in probes):
-                backend, probes = _guard(backend, task, row, sample, probes)
-            result.add_probes(probes)
+        if result.passed and self.fidelity.check_non_finite and sample is not None:
+            if known is not None:  # the same artifact as the judged build: its probe outcome stands
+                guarded, reason = known
+                if guarded and self.fidelity.non_finite == NON_FINITE_GUARD:
+                    backend = NonFiniteGuardBackend(backend, task.module, task.graph_spec, f"fidelity probe: {reason}")
+                    row.backend = backend.describe()
+            else:
+                probes = probe_non_finite(task.module, backend.infer, sample, task.graph_spec)
+                if self.fidelity.non_finite == NON_FINITE_GUARD and any(p.status == PROBE_FAILED for p in probes):
+                    backend, probes = _guard(backend, task, row, sample, probes)
+                result.add_probes(probes)
         row.fidelity = result.to_dict()
         if not result.passed:
             row.status = REJECTED
@@ -348,6 +349,13 @@ def _guard(backend: Backend, task: GraphTask, row: CandidateReport, sample: Samp
                 describe_task(task), row.backend)
     row.backend = guard.describe()
     return guard, merged
+
+
+def release_scratch(backend: Backend) -> None:
+    """:meth:`Backend.release_scratch` on ``backend`` and every backend it delegates to (a router's routes, a
+    guard's inner backend): a built candidate that waits, or serves, need not keep its largest batch's buffers."""
+    for component in backend.components():
+        component.release_scratch()
 
 
 def release_quietly(backend: Backend) -> None:

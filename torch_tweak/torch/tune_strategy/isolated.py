@@ -36,7 +36,13 @@ from torch_tweak.torch.executor.base import (
 from torch_tweak.torch.profiling import SweepResult
 from torch_tweak.torch.report.report import CandidateReport, GraphReport
 from torch_tweak.torch.report.status import CandidateStatus
-from torch_tweak.torch.tune_strategy.base import CandidateFailedError, GraphTask, describe_task, release_quietly
+from torch_tweak.torch.tune_strategy.base import (
+    CandidateFailedError,
+    GraphTask,
+    describe_task,
+    release_quietly,
+    release_scratch,
+)
 from torch_tweak.torch.tune_strategy.results import BASELINE, Evaluation, Plan, selection_dict
 
 logger = logging.getLogger(__name__)
@@ -66,8 +72,7 @@ def evaluate_candidate(context: WorkerContext, template: Backend, role: str, pla
     except CandidateFailedError as failure:
         return failure.report, None
     if keep:
-        for component in backend.components():  # it waits for its sweep: its largest batch's buffers need not
-            component.release_scratch()
+        release_scratch(backend)  # it waits for its sweep
         context.kept[template.key()] = backend
     else:
         release_quietly(backend)

@@ -36,7 +36,7 @@ from torch_tweak.torch.module.digest import weights_digest
 from torch_tweak.torch.profiling import SweepResult
 from torch_tweak.torch.report.report import CandidateReport, GraphReport
 from torch_tweak.torch.report.status import CandidateStatus
-from torch_tweak.torch.tune_strategy.base import CandidateFailedError, GraphTask, describe_task
+from torch_tweak.torch.tune_strategy.base import CandidateFailedError, GraphTask, describe_task, release_scratch
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan
 
 logger = logging.getLogger(__name__)
@@ -177,8 +177,7 @@ class ReusedResults:
                            evaluation.row.backend, where, evaluation.row.error)
             return False
         evaluation.backend = backend
-        for component in backend.components():  # the confirming check's largest batch need not stay allocated
-            component.release_scratch()
+        release_scratch(backend)  # the confirming check's largest batch need not stay allocated
         evaluation.row.fidelity = evaluation.row.fidelity or fresh.fidelity
         if evaluation.reused or evaluation.row.build_time_s is None:
             evaluation.row.build_time_s = fresh.build_time_s

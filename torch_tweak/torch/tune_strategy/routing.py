@@ -67,9 +67,8 @@ def route_margin(rival: Evaluation, margin: float, chosen: Evaluation | None = N
     (a ResNet-50 on 2 cores: 10 s and +900 MB of peak RSS for ONNX Runtime and OpenVINO at batch 32, where the
     sweeps promised 5 % and two runs of the same tune came to opposite verdicts).
     """
-    if chosen is not None and runtime_of(rival) != runtime_of(chosen):
-        return max(margin, NOISE)
-    if _built_here(rival) or (rival.template is not None and type(rival.template).rebuilds_from_files):
+    same_runtime = chosen is None or runtime_of(rival) == runtime_of(chosen)
+    if same_runtime and (_built_here(rival) or (rival.template is not None and type(rival.template).rebuilds_from_files)):
         return margin
     return max(margin, NOISE)
 
