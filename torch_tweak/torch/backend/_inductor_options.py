@@ -65,3 +65,16 @@ def validate_inductor_options(options: Any, owner: str) -> dict[str, Any]:
         if value is not None and not isinstance(value, (bool, int, float, str)):
             raise ConfigError(f"{owner}.options[{key!r}] must be a bool, number, string or None, got {value!r}.")
     return dict(options)
+
+
+def times_kernels(mode: str | None, options: dict[str, Any] | None) -> bool:
+    """Whether a compile with this mode or these options (or Inductor's process-wide config) times kernels to
+    choose among them (autotuning): such a compile must have the cores to itself, so it is not built ahead in a
+    background process whose timings the other work would skew."""
+    from torch._inductor import config as inductor
+
+    keys = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
+    if any(bool(getattr(inductor, key, False)) for key in keys):
+        return True
+    return "autotune" in (mode or "") or any(bool((options or {}).get(key)) for key in keys)
+

@@ -96,6 +96,12 @@ class Backend(ABC):
 
     # properties -------------------------------------------------------------------------------
 
+    def compiles_ahead(self) -> bool:
+        """True if a build compiles for tens of seconds into a compiler cache on disk that the same build in another
+        process reuses (Inductor's), and the compile times nothing: a process executor then builds it ahead of its
+        turn in a background worker while other candidates are measured (``tune_strategy/ahead.py``)."""
+        return False
+
     @property
     def name(self) -> str:
         """Name of a backend."""

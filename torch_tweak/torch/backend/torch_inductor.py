@@ -34,6 +34,7 @@ from torch_tweak.torch.backend._compile_helpers import (
 )
 from torch_tweak.torch.backend._inductor_options import (
     INERT_INDUCTOR_OPTIONS,
+    times_kernels,
     unsafe_inductor_options,
     validate_inductor_options,
 )
@@ -131,6 +132,9 @@ class TorchInductorBackend(Backend):
         self._cache_dir: Path | None = None
         self._warm: Path | None = None  # the warm-load package (written at save, or restored)
         self._warm_environment: dict[str, Any] | None = None
+
+    def compiles_ahead(self) -> bool:
+        return not times_kernels(self._config.mode, self._config.options)
 
     @property
     def executed_precision(self) -> str:

@@ -30,6 +30,7 @@ from torch import nn
 from torch_tweak.errors import BackendUnavailableError, BuildError, ConfigError, UnsupportedInputError
 from torch_tweak.torch.backend import _warm_package
 from torch_tweak.torch.backend._compile_helpers import build_failure, warm_up, watch_recompile_limit
+from torch_tweak.torch.backend._inductor_options import times_kernels
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec
@@ -243,6 +244,9 @@ class TorchAOBackend(Backend):
         self._cache_dir: Path | None = None
         self._warm: Path | None = None  # the warm-load package (written at save, or restored)
         self._warm_environment: dict[str, Any] | None = None
+
+    def compiles_ahead(self) -> bool:
+        return not times_kernels(None, None)  # its compile settings are torchao's, unless the process-wide config
 
     @property
     def executed_precision(self) -> str:

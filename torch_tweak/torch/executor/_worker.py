@@ -59,9 +59,15 @@ def _leave() -> NoReturn:
     os._exit(0)
 
 
-def main(conn: Connection, num_threads: int, log_level: int) -> None:
-    """Serve the parent until it says stop or goes away."""
+def main(conn: Connection, num_threads: int, log_level: int, background: bool = False) -> None:
+    """Serve the parent until it says stop or goes away. A ``background`` worker (builds ahead of their turn,
+    ``executor/background.py``) leads a process group of its own, which the measuring processes pause while they
+    time calls, and runs at the lowest priority, so that it takes only the cores the other work leaves idle."""
     import multiprocessing
+
+    if background:
+        os.setpgid(0, 0)  # its compiler's helper processes join this group: one signal pauses them all
+        os.nice(19)
 
     # A spawned process inherits "spawn" as its default start method. Libraries that start helper processes
     # (OpenVINO's telemetry starts one per event) would then start a whole interpreter that imports the caller's

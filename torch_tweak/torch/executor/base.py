@@ -23,7 +23,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch_tweak.torch.executor.background import BackgroundBuilds
 
 #: What a :class:`Failure` says happened.
 CRASHED = "crashed"  # the worker died (a signal, an exit, a lost node)
@@ -102,6 +105,11 @@ class Executor(ABC):
 
     def release(self, shared: Shared) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """The context will not be used again (workers may drop it)."""
+
+    def background(self) -> BackgroundBuilds | None:
+        """A new background worker for builds started ahead of their turn (``executor/background.py``), whose
+        process group this machine's measurements can pause; None where the executor has none (the default)."""
+        return None
 
     def hardware(self) -> dict[str, Any] | None:
         """The CPU the work is measured on (``{"cpu": model, "isa": flags, ...}``) when it is not this machine's,

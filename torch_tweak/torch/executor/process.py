@@ -20,10 +20,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
-import multiprocessing
 import os
-import pickle
-import signal
 import time
 import weakref
 from collections.abc import Callable
@@ -31,16 +28,16 @@ from typing import Any
 
 import torch
 
-from torch_tweak.errors import ConfigError, WorkerError
-from torch_tweak.torch.executor import _worker
+from torch_tweak.errors import ConfigError
 from torch_tweak.torch.executor._sendable import check_sendable
+from torch_tweak.torch.executor._spawned import POLL_S, Worker, describe_exit, physical_memory_bytes, resident_bytes
 from torch_tweak.torch.executor._stream import send_pickle
+from torch_tweak.torch.executor.background import BackgroundBuilds
 from torch_tweak.torch.executor.base import (
     CRASHED,
     ERROR,
     OUT_OF_MEMORY,
     TIMED_OUT,
-    WORKER_ENV,
     Done,
     Executor,
     Failure,
@@ -51,109 +48,8 @@ from torch_tweak.torch.executor.base import (
 
 logger = logging.getLogger(__name__)
 
-POLL_S = 0.05
-START_TIMEOUT_S = 300.0
 DEFAULT_MEMORY_FRACTION = 0.8  # of physical memory, when no limit is given
 _live: weakref.WeakSet[ProcessExecutor] = weakref.WeakSet()
-
-
-def _physical_memory_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        return None
-
-
-def _resident_bytes(pid: int) -> int | None:
-    """The process's resident memory (``VmRSS``), or None where ``/proc`` does not tell."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "an unknown exit"
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
-
-
-class _Worker:
-    """One spawned worker and the pipe to it."""
-
-    def __init__(self, num_threads: int) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, child = context.Pipe(duplex=True)
-        level = logging.getLogger("torch_tweak").getEffectiveLevel()
-        self.process = context.Process(target=_worker.main, args=(child, num_threads, level),
-                                       name="torch_tweak-worker", daemon=False)
-        self.contexts: set[int] = set()
-        os.environ[WORKER_ENV] = "1"  # inherited by the worker: tt.tune refuses to run while it imports main
-        try:
-            self.process.start()
-        finally:
-            os.environ.pop(WORKER_ENV, None)
-        child.close()
-        self.name = f"pid {self.process.pid}"
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            message = self.receive(POLL_S)
-            if message is None:
-                if not self.process.is_alive():
-                    break
-                continue
-            if message[0] == "ready":
-                self.name = f"pid {message[1]['pid']} on {message[1]['host']}"
-                return
-        code = self.process.exitcode
-        self.kill()
-        raise WorkerError(
-            f"The torch_tweak worker process did not start ({_describe_exit(code)}). A worker imports the main script "
-            "again; a script that calls tt.tune at import time must do so under `if __name__ == '__main__':`. "
-            "Pass executor='inline' to tune in this process instead."
-        )
-
-    def receive(self, timeout: float) -> tuple[Any, ...] | None:
-        """The next reply (log records are passed to this process's loggers), or None after ``timeout``."""
-        while True:
-            try:
-                if not self.conn.poll(timeout):
-                    return None
-                message = pickle.loads(self.conn.recv_bytes())
-            except (EOFError, OSError):
-                return None
-            if message[0] != "log":
-                return message
-            record = logging.makeLogRecord(message[1])
-            record.msg = f"[worker {self.name}] {record.msg}"
-            logging.getLogger(record.name).handle(record)
-            timeout = 0  # a log record is not the reply: look at what else has arrived
-
-    def send(self, message: tuple[Any, ...]) -> None:
-        self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-    def kill(self) -> None:
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(10)
-        self.conn.close()
-
-    def stop(self) -> None:
-        try:
-            self.send(("stop",))
-        except OSError:
-            pass
-        self.process.join(5)
-        self.kill()
 
 
 class _Lazy(Pending):
@@ -177,13 +73,17 @@ class ProcessExecutor(Executor):
             system's out-of-memory killer picks a process (possibly this one).
         num_threads: torch threads of the worker (None: this process's ``torch.get_num_threads()``, the count
             the tuned module will run with).
+        build_ahead: let the measuring strategies compile slow-to-build candidates (Inductor, TorchAO) ahead of
+            their turn in a second, lowest-priority worker that every measurement pauses
+            (``executor/background.py``); False builds each candidate in its turn only.
     """
 
     name = "process"
     isolated = True
     keeps_state = True
 
-    def __init__(self, *, memory_limit_gb: float | None = None, num_threads: int | None = None) -> None:
+    def __init__(self, *, memory_limit_gb: float | None = None, num_threads: int | None = None,
+                 build_ahead: bool = True) -> None:
         if memory_limit_gb is not None:
             ok = isinstance(memory_limit_gb, (int, float)) and not isinstance(memory_limit_gb, bool)
             if not ok or math.isnan(memory_limit_gb) or memory_limit_gb <= 0:
@@ -192,13 +92,17 @@ class ProcessExecutor(Executor):
         if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
                                         or num_threads < 1):
             raise ConfigError(f"ProcessExecutor: num_threads must be a positive int or None, got {num_threads!r}.")
-        physical = _physical_memory_bytes()
+        if not isinstance(build_ahead, bool):
+            raise ConfigError(f"ProcessExecutor: build_ahead must be True or False, got {build_ahead!r}.")
+        self.build_ahead = build_ahead
+        self._backgrounds: weakref.WeakSet[BackgroundBuilds] = weakref.WeakSet()
+        physical = physical_memory_bytes()
         if memory_limit_gb is not None:
             self.memory_limit = memory_limit_gb * 2**30
         else:
             self.memory_limit = physical * DEFAULT_MEMORY_FRACTION if physical else math.inf
         self.num_threads = num_threads
-        self._worker: _Worker | None = None
+        self._worker: Worker | None = None
         _live.add(self)
 
     def describe(self) -> str:
@@ -226,27 +130,36 @@ class ProcessExecutor(Executor):
                time_limit_s: float | None, label: str) -> Pending:
         return _Lazy(lambda: self._run(shared, fn, args, time_limit_s, label))
 
+    def background(self) -> BackgroundBuilds | None:
+        if not self.build_ahead:
+            return None
+        background = BackgroundBuilds(self.num_threads or torch.get_num_threads(), self.memory_limit)
+        self._backgrounds.add(background)
+        return background
+
     def nodes(self) -> list[dict[str, Any]]:
         from torch_tweak.torch.environment import cpu_info, isa_flags
 
         return [{"host": os.uname().nodename, "cpu": cpu_info().model, "isa": isa_flags(), "workers": "local"}]
 
     def close(self) -> None:
+        for background in list(self._backgrounds):
+            background.close()
         if self._worker is not None:
             self._worker.stop()
             self._worker = None
 
     # internals --------------------------------------------------------------------------------
 
-    def _ensure_worker(self) -> _Worker:
+    def _ensure_worker(self) -> Worker:
         if self._worker is None or not self._worker.process.is_alive():
             if self._worker is not None:
                 self._worker.kill()
             self._worker = None
-            self._worker = _Worker(self.num_threads or torch.get_num_threads())
+            self._worker = Worker(self.num_threads or torch.get_num_threads())
         return self._worker
 
-    def _replace(self, worker: _Worker) -> None:
+    def _replace(self, worker: Worker) -> None:
         worker.kill()
         if self._worker is worker:
             self._worker = None
@@ -266,19 +179,21 @@ class ProcessExecutor(Executor):
             return Failure(CRASHED, f"{label}: the worker process {worker.name} went away before it got the work "
                                     f"({exc}); it is replaced for the next candidate", worker.name)
         while True:
+            for background in list(self._backgrounds):  # its replies, its memory, its next unit
+                background.watch()
             message = worker.receive(POLL_S)
             if message is None and not worker.process.is_alive():
                 message = worker.receive(0)  # a reply sent just before the worker went away
             if message is None and not worker.process.is_alive():
                 code = worker.process.exitcode
                 self._replace(worker)
-                return Failure(CRASHED, f"{label}: the worker process {worker.name} died with {_describe_exit(code)}"
+                return Failure(CRASHED, f"{label}: the worker process {worker.name} died with {describe_exit(code)}"
                                         " (a crash in native code, or killed from outside)", worker.name)
             if message is not None:
                 if message[0] == "done":
                     return Done(message[1], worker.name)
                 return Failure(ERROR, f"{label} raised in worker {worker.name}: {message[1]}", worker.name)
-            resident = _resident_bytes(worker.process.pid) if worker.process.pid else None
+            resident = resident_bytes(worker.process.pid) if worker.process.pid else None
             if resident is not None and resident > self.memory_limit:
                 self._replace(worker)
                 return Failure(OUT_OF_MEMORY, (

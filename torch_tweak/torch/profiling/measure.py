@@ -14,6 +14,7 @@ import torch
 from torch_tweak.errors import TorchTweakError
 from torch_tweak.torch._device import synchronize
 from torch_tweak.torch.profiling.config import ProfilingConfig
+from torch_tweak.torch.profiling.quiet import quiet
 
 logger = logging.getLogger(__name__)
 
@@ -186,6 +187,12 @@ def measure(
             sync()
         return (clock() - start) * 1000.0
 
+    with quiet():  # background compiles wait while this measures
+        return _measure(timed, batch_size, config, batched)
+
+
+def _measure(timed: Callable[[], float], batch_size: int, config: ProfilingConfig, batched: bool) -> Measurement:
+    clock = config.clock
     warmup: list[float] = []
     warm_start = clock()
     for _ in range(config.warmup_calls):

@@ -108,6 +108,10 @@ class GraphTask:
         data = self.data()
         return data[:-1] if len(data) >= 2 else data
 
+    def build_data(self, backend: Backend) -> Sequence[Sample]:
+        """The samples ``backend`` is built with: :meth:`calibration_data` if it calibrates, else :meth:`data`."""
+        return self.calibration_data() if backend.needs_calibration else self.data()
+
     def judged_calls(self, held_out: bool = True, smallest_only: bool = False) -> Iterator[tuple[Sample, Any, bool]]:
         """``(inputs, eager outputs, held out)`` of every call the fidelity check judges: the in-memory samples
         (copied), then (unless ``held_out`` is False) the held-out calls of :attr:`store` (loaded one at a time,
@@ -262,9 +266,8 @@ class TuneStrategy(ABC):
         row.log_path = str(log_path)
         start = time.perf_counter()
         try:
-            data = task.calibration_data() if backend.needs_calibration else task.data()
             with capture_output(log_path, console=config.console_output):
-                backend.build(task.module, task.graph_spec, data, task.device, cache_dir)
+                backend.build(task.module, task.graph_spec, task.build_data(backend), task.device, cache_dir)
         except Exception as exc:
             row.build_time_s = time.perf_counter() - start
             row.status = BUILD_FAILED

@@ -44,6 +44,7 @@ from torch_tweak.torch.report.report import (
     CandidateReport,
     GraphReport,
 )
+from torch_tweak.torch.tune_strategy.ahead import BuildsAhead, start_builds_ahead
 from torch_tweak.torch.tune_strategy.base import (
     CandidateFailedError,
     GraphTask,
@@ -212,13 +213,18 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
         cache = ResultCache(task.module, task.graph_spec, self._settings(plan, screen, task)) \
             if self.reuse_results else None
         executor, shared = self._open_executor(task)
+        ahead = start_builds_ahead(self, task, executor, shared, cache)
         try:
-            evaluations = self._evaluate_all(task, plan, screen, cache, executor, shared)
+            evaluations = self._evaluate_all(task, plan, screen, cache, executor, shared, ahead)
+            if ahead is not None:
+                ahead.close()
             if screen is not None:
                 self._sweep_survivors(task, evaluations, plan, screen, cache, executor, shared)
                 if executor is not None and shared is not None:
                     self._keep_only(executor, shared, [], task)
         finally:
+            if ahead is not None:
+                ahead.close()
             if executor is not None and shared is not None:
                 executor.release(shared)
         while True:  # a reused result serves once built and checked again; then routes are worked out again
@@ -250,8 +256,10 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
         return backend
 
     def _evaluate_all(self, task: GraphTask, plan: Plan, screen: Plan | None, cache: ResultCache | None,
-                      executor: Executor | None, shared: Shared | None) -> list[Evaluation]:
-        """Evaluate the baseline and every candidate (reused, skipped, in process or by ``executor``)."""
+                      executor: Executor | None, shared: Shared | None,
+                      ahead: BuildsAhead | None = None) -> list[Evaluation]:
+        """Evaluate the baseline and every candidate (reused, skipped, in process or by ``executor``; those
+        ``ahead`` builds in the background wait for that build)."""
         evaluations: list[Evaluation] = []
         queue = self._templates()
         seen = {template.key() for template, _ in queue}
@@ -267,11 +275,15 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
             if stored is not None:
                 evaluation = self._reused(task, role, *stored)
             elif skipped is not None:
+                if ahead is not None:
+                    ahead.skipped(template)
                 task.report.candidates.append(skipped)
                 logger.info("%s: %s %s", describe_task(task), skipped.backend, skipped.error)
                 continue
             else:
                 started = time.perf_counter()
+                if ahead is not None:
+                    ahead.before_turn(template)
                 if executor is None or shared is None:
                     evaluation = self._evaluate(template, task, role, own_plan)
                 else:

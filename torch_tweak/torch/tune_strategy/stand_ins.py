@@ -45,6 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.module.forward import original_forward, pristine
+from torch_tweak.torch.profiling.quiet import quiet
 from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.report.status import CandidateStatus
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
@@ -179,6 +180,18 @@ class StandIns:
         row.error = f"skipped: {reason}; pass skip_stand_ins=False to the strategy to build it anyway"
         return row
 
+    def _skipped_whatever_measured(self, template: Backend, task: GraphTask) -> bool:
+        """Whether a rule above skips ``template`` in its turn whatever the other candidates measure: TorchAO's
+        default on a graph whose ``nn.Linear`` layers do too little (its background build would be wasted)."""
+        if not self.skip_stand_ins or template.key() != _default_key(_TORCHAO):
+            return False
+        macs = largest_linear_call(task)
+        if macs is not None and 0 < macs < INT8_MIN_LINEAR_MACS:
+            return True
+        share = linear_share(task.module, task)  # the rule waits for Inductor's measurement (without one, TorchAO
+        # is built in its turn: only the head start is lost)
+        return share is not None and share < LINEAR_SHARE
+
     def _kernel_bound_reason(self: Any, task: GraphTask, evaluations: list[Evaluation]) -> str | None:
         """Why Inductor cannot come close enough to the best candidate to be kept (None: it might)."""
         if _inductor_tuned_globally():
@@ -238,7 +251,7 @@ def kernel_time(task: GraphTask) -> tuple[int, float, float] | None:
         with pristine(task.module), torch.no_grad():
             with _KernelTimer():  # warm, under a mode too: the first call under a dispatch mode in a process takes
                 original_forward(task.module)(*args, **kwargs)  # 20x longer (a ResNet-50 at batch 1: 1.5 s, not 75 ms)
-            with timer:
+            with timer, quiet():
                 start = time.perf_counter()
                 original_forward(task.module)(*args, **kwargs)
                 call_ms = (time.perf_counter() - start) * 1000.0

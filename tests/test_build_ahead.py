@@ -1,0 +1,191 @@
+"""Builds ahead of their turn: slow-to-compile candidates are built in a background worker (its own process
+group, lowest priority) that every timed call pauses, and then in their turn as usual."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from toy_models import mlp
+
+import torch_tweak.torch as tt
+from torch_tweak.errors import ConfigError
+from torch_tweak.torch.backend import TorchEagerBackend
+from torch_tweak.torch.executor import Done, Failure, ProcessExecutor
+from torch_tweak.torch.executor.background import BackgroundBuilds
+from torch_tweak.torch.executor.base import CRASHED, Shared
+from torch_tweak.torch.profiling import ProfilingConfig, measure, quiet
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups are read from /proc")
+
+FAST = ProfilingConfig(warmup_calls=1, min_calls=5, window_size=5, min_time_s=0.0, max_time_s=0.02, max_calls=50,
+                       pause_s=0.0)
+DATA = [torch.randn(8) for _ in range(6)]
+
+
+class BuildsLoggedBackend(TorchEagerBackend):
+    """Eager that compiles ahead (so a process executor builds it in the background first) and appends, at each
+    build, the building process's id, process group and priority to a file."""
+
+    def __init__(self, log: str = "") -> None:
+        super().__init__()
+        self.log = log
+
+    def compiles_ahead(self) -> bool:
+        return True
+
+    def _build(self, module, graph_spec, data, cache_dir):
+        with open(self.log, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0), "nice": os.nice(0)}) + "\n")
+        return super()._build(module, graph_spec, data, cache_dir)
+
+
+def _state(pid: int) -> str:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2]
+
+
+def _spinner() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+
+
+def test_a_held_group_is_stopped_while_a_measurement_runs_and_continued_after():
+    spinner = _spinner()
+    group = (spinner.pid, quiet.start_time(spinner.pid))
+    states: list[str] = []
+    try:
+        quiet.hold([group])
+        def call() -> None:
+            time.sleep(0.01)  # a stop takes effect on the process's next scheduling point, not at once
+            states.append(_state(spinner.pid))
+
+        measure(call, 1, FAST)
+        assert set(states) == {"T"}  # stopped during every timed call
+        time.sleep(0.05)
+        assert _state(spinner.pid) in "RS"
+    finally:
+        quiet.release([group])
+        spinner.kill()
+        spinner.wait()
+    assert not quiet.held()
+
+
+def test_a_group_whose_leader_is_another_process_now_is_left_alone():
+    spinner = _spinner()
+    try:
+        stale = (spinner.pid, quiet.start_time(spinner.pid) - 1)  # same id, another start: not the process held
+        quiet.hold_only([stale])
+        with quiet.quiet():
+            assert _state(spinner.pid) in "RS"
+    finally:
+        quiet.hold_only([])
+        spinner.kill()
+        spinner.wait()
+
+
+def _value(context, value):
+    return value
+
+
+def _sleep(context, seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def _abort(context):
+    os.abort()
+
+
+def _group_and_nice(context):
+    return os.getpgid(0), os.getpid(), os.nice(0)
+
+
+def test_background_units_run_in_order_in_a_low_priority_group_of_their_own():
+    background = BackgroundBuilds(1, float("inf"))
+    shared = Shared(1, {"weights": torch.zeros(4)})
+    try:
+        first = background.start(shared, _group_and_nice, (), "first")
+        second = background.start(shared, _value, (7,), "second")
+        assert not background.started(second)  # sent when the first is done
+        outcome = background.wait(first, 120)
+        assert isinstance(outcome, Done)
+        pgid, pid, nice = outcome.value
+        assert pgid == pid == background.group[0] and nice == 19
+        assert background.wait(second, 60).value == 7
+    finally:
+        background.close()
+
+
+def test_dropping_a_queued_unit_skips_it_and_dropping_a_running_one_replaces_the_worker():
+    background = BackgroundBuilds(1, float("inf"))
+    shared = Shared(2, {})
+    try:
+        running = background.start(shared, _sleep, (60,), "sleeps")
+        queued = background.start(shared, _value, (1,), "queued")
+        last = background.start(shared, _group_and_nice, (), "last")
+        background.drop(queued)
+        assert isinstance(background.wait(queued, 5), Failure)
+        old = background.group
+        deadline = time.monotonic() + 60
+        while _state(old[0]) != "S" and time.monotonic() < deadline:  # imported and sleeping in the unit
+            time.sleep(0.05)
+        background.drop(running)  # kills the worker; the last unit starts in a new one
+        outcome = background.wait(last, 120)
+        assert isinstance(outcome, Done) and outcome.value[1] != old[0]
+        assert not os.path.exists(f"/proc/{old[0]}") or _state(old[0]) in "ZX"
+    finally:
+        background.close()
+
+
+def test_a_background_crash_fails_its_unit_and_the_next_one_gets_a_new_worker():
+    background = BackgroundBuilds(1, float("inf"))
+    shared = Shared(3, {})
+    try:
+        crash = background.start(shared, _abort, (), "aborts")
+        after = background.start(shared, _value, (5,), "after")
+        outcome = background.wait(crash, 120)
+        assert isinstance(outcome, Failure) and outcome.kind == CRASHED and "SIGABRT" in outcome.message
+        assert background.wait(after, 120).value == 5
+    finally:
+        background.close()
+
+
+def _tune(tmp_path, executor, name):
+    log = tmp_path / f"{name}.jsonl"
+    strategy = tt.HighestThroughputStrategy([TorchEagerBackend(), BuildsLoggedBackend(str(log))], profiling=FAST,
+                                            eager_margin=0.0, screening=False, reuse_results=False)
+    wrapped = tt.Module(mlp(), name=name, strategy=strategy)
+    report = tt.tune(wrapped, DATA, batch_sizes=[1, 2], executor=executor)
+    return [json.loads(line) for line in log.read_text().splitlines()], report.module(name).graphs[0]
+
+
+def test_a_candidate_that_compiles_ahead_is_built_in_the_background_first_then_in_its_turn(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="torch_tweak"):
+        builds, graph = _tune(tmp_path, "process", "ahead")
+    background, worker, here = builds[0], builds[1], builds[-1]
+    assert background["pgid"] == background["pid"] and background["nice"] == 19
+    assert worker["pid"] != background["pid"] and worker["pgid"] != worker["pid"] and worker["nice"] == 0
+    assert here["pid"] == os.getpid() or len(builds) == 2  # the winner is built again here to serve
+    assert any("was built ahead in the background" in r.getMessage() for r in caplog.records)
+    row = next(r for r in graph.candidates if r.backend.startswith("BuildsLoggedBackend"))
+    assert row.status in ("chosen", "passed")
+    assert not quiet.held()  # the tuning process let go of the finished background group
+    with pytest.raises(ProcessLookupError):  # the background worker's group is gone with the graph's tuning
+        os.killpg(background["pgid"], 0)
+
+
+def test_build_ahead_false_builds_each_candidate_in_its_turn_only(tmp_path):
+    builds, _ = _tune(tmp_path, ProcessExecutor(build_ahead=False), "no_ahead")
+    assert all(b["pgid"] != b["pid"] for b in builds[:1]) and all(b["nice"] == 0 for b in builds)
+
+
+def test_build_ahead_is_validated():
+    with pytest.raises(ConfigError, match="build_ahead must be True or False"):
+        ProcessExecutor(build_ahead="yes")

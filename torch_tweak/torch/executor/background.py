@@ -1,0 +1,201 @@
+"""Units of work started ahead of their turn in a background worker process, so slow compiles overlap other work.
+
+Why: on a few cores Inductor and TorchAO spend 40-100 s compiling a ResNet-50 or a BERT-base, while a second
+build of the same module, graph and config in another process takes seconds: Inductor's on-disk caches hold the
+compiled graphs (TorchAO on a BERT-base, 2 cores of an EPYC: 82 s with empty caches, 11 s after a build in
+another process). The measuring strategies hand such builds to a :class:`BackgroundBuilds` when a graph's tuning
+starts (``tune_strategy/ahead.py``); its worker runs them one after another while the executor's own worker
+builds, checks and measures the other candidates.
+
+The background worker leads a process group of its own and runs at the lowest priority (nice 19), so it takes
+only the cores the other work leaves idle; every timed call of the tuning pauses its group
+(``profiling/quiet.py``). Units are sent one at a time, so one that is no longer wanted can be dropped before it
+starts; a running one is dropped by killing the worker (the next unit gets a new one). A unit that fails,
+crashes or runs out of time only loses its head start: the strategy builds the candidate in its turn as usual.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch_tweak.torch.executor._spawned import POLL_S, Worker, describe_exit, resident_bytes
+from torch_tweak.torch.executor._stream import send_pickle
+from torch_tweak.torch.executor.base import CRASHED, ERROR, OUT_OF_MEMORY, TIMED_OUT, Done, Failure, Outcome, Shared
+from torch_tweak.torch.profiling.quiet import signal_group, start_time
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Unit:
+    ticket: int
+    shared: Shared
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    label: str
+
+
+class BackgroundBuilds:
+    """A background worker (started with the first unit) and the units queued for it; see the module docstring.
+
+    Args:
+        num_threads: torch threads of the worker (those the main worker has: the compiled code is the same).
+        memory_limit: bytes of resident memory above which the worker is killed (its units fail).
+    """
+
+    def __init__(self, num_threads: int, memory_limit: float) -> None:
+        self._num_threads = num_threads
+        self._memory_limit = memory_limit
+        self._worker: Worker | None = None
+        self._sender: _Sender | None = None
+        self._waiting: list[_Unit] = []  # not sent yet, in order
+        self._running: _Unit | None = None
+        self._outcomes: dict[int, Outcome] = {}
+        self._tickets = itertools.count(1)
+
+    @property
+    def group(self) -> tuple[int, int] | None:
+        """The worker's process group as ``(pgid, leader start time)`` (see ``profiling/quiet.py``), or None."""
+        worker = self._worker
+        if worker is None or worker.process.pid is None:
+            return None
+        start = start_time(worker.process.pid)
+        return None if start is None else (worker.process.pid, start)
+
+    def start(self, shared: Shared, fn: Callable[..., Any], args: tuple[Any, ...], label: str) -> int:
+        """Queue ``fn(context, *args)``; it starts when the units queued before it are done. Returns its ticket."""
+        unit = _Unit(next(self._tickets), shared, fn, args, label)
+        self._waiting.append(unit)
+        self.watch()
+        return unit.ticket
+
+    def started(self, ticket: int) -> bool:
+        """Whether the unit is running or done (False: still queued, or dropped)."""
+        return ticket in self._outcomes or (self._running is not None and self._running.ticket == ticket)
+
+    def drop(self, ticket: int) -> None:
+        """Forget a unit: dequeue it, or kill the worker if it runs it (the next unit gets a new worker)."""
+        self._waiting = [u for u in self._waiting if u.ticket != ticket]
+        self._outcomes.pop(ticket, None)
+        if self._running is not None and self._running.ticket == ticket:
+            self._running = None
+            self._kill()
+            self.watch()
+
+    def wait(self, ticket: int, time_limit_s: float | None) -> Outcome:
+        """The unit's outcome, once it is done (its unit and those before it are run first; nothing measures
+        while the caller waits, so the worker's group is continued)."""
+        deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+        self._continue()
+        while ticket not in self._outcomes:
+            running = self._running is not None and self._running.ticket == ticket
+            if not running and all(u.ticket != ticket for u in self._waiting):
+                return Failure(ERROR, f"background unit {ticket} was dropped", self._name())
+            if deadline is not None and time.monotonic() > deadline:
+                if not running:  # still queued behind another unit: it will not start now
+                    self.drop(ticket)
+                    return Failure(TIMED_OUT, f"background unit {ticket} did not start within {time_limit_s:g} s",
+                                   self._name())
+                self._fail_running(TIMED_OUT, f"did not finish within {time_limit_s:g} s")
+                break
+            self.watch(POLL_S)
+        return self._outcomes.pop(ticket)
+
+    def watch(self, timeout: float = 0.0) -> None:
+        """Read the worker's replies, enforce the memory limit and send the next unit (without blocking, unless
+        ``timeout``); called while the caller waits for other work too."""
+        worker = self._worker
+        if worker is not None and self._running is not None:
+            message = worker.receive(timeout)
+            while message is not None and message[0] == "ready":
+                worker.name = f"pid {message[1]['pid']} on {message[1]['host']}"
+                message = worker.receive(0)
+            if message is not None:
+                unit, self._running = self._running, None
+                self._outcomes[unit.ticket] = Done(message[1], worker.name) if message[0] == "done" else \
+                    Failure(ERROR, f"{unit.label} raised in the background worker {worker.name}: {message[1]}",
+                            worker.name)
+            elif not worker.process.is_alive():
+                self._fail_running(CRASHED, f"its worker died with {describe_exit(worker.process.exitcode)}")
+            elif (resident := resident_bytes(worker.process.pid or 0)) is not None and resident > self._memory_limit:
+                self._fail_running(OUT_OF_MEMORY, f"its worker reached {resident / 2**30:.1f} GiB of resident "
+                                                  f"memory, above the limit of {self._memory_limit / 2**30:.1f} GiB")
+        if self._running is None and self._waiting:
+            self._send(self._waiting.pop(0))
+
+    def close(self) -> None:
+        """Kill the worker and its helper processes; queued units are dropped."""
+        self._waiting.clear()
+        self._running = None
+        self._kill()
+
+    # internals --------------------------------------------------------------------------------
+
+    def _name(self) -> str:
+        return self._worker.name if self._worker is not None else "none"
+
+    def _send(self, unit: _Unit) -> None:
+        if self._worker is None or not self._worker.process.is_alive():
+            self._kill()
+            self._worker = Worker(self._num_threads, background=True)
+            self._sender = _Sender(self._worker)
+        assert self._sender is not None
+        self._running = unit
+        self._sender.put(unit)
+
+    def _fail_running(self, kind: str, why: str) -> None:
+        unit, self._running = self._running, None
+        name = self._name()
+        self._kill()
+        if unit is not None:
+            self._outcomes[unit.ticket] = Failure(kind, f"{unit.label}: {why} (background worker {name})", name)
+
+    def _continue(self) -> None:
+        group = self.group
+        if group is not None:
+            signal_group(group, signal.SIGCONT)
+
+    def _kill(self) -> None:
+        worker, self._worker, self._sender = self._worker, None, None
+        if worker is None:
+            return
+        pid = worker.process.pid
+        start = start_time(pid) if pid else None
+        if pid and start is not None:
+            signal_group((pid, start), signal.SIGKILL)  # the compiler's helper processes go with it
+        worker.kill()
+
+
+class _Sender:
+    """Sends a worker its units from a thread: the first one streams the module and samples (hundreds of MB),
+    which would otherwise hold up the caller while the worker is still importing torch."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+        self._queue: queue.SimpleQueue[_Unit] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="torch_tweak-background-sender", daemon=True).start()
+
+    def put(self, unit: _Unit) -> None:
+        self._queue.put(unit)
+
+    def _run(self) -> None:
+        worker = self._worker
+        while True:
+            unit = self._queue.get()
+            try:
+                if unit.shared.token not in worker.contexts:
+                    worker.send(("context", unit.shared.token))
+                    send_pickle(worker.conn, unit.shared.context)
+                    worker.contexts.add(unit.shared.token)
+                worker.send(("run", unit.shared.token, unit.fn, unit.args))
+            except (OSError, ValueError):  # the worker was killed: its units are failed by the watcher
+                return
+

@@ -1,0 +1,107 @@
+"""Slow-to-compile candidates built ahead of their turn, in the executor's background worker.
+
+Why: Inductor and TorchAO compile for 40-100 s on a 2-core machine, and the candidates before them (OpenVINO,
+ONNX Runtime) leave a core idle for much of their builds. When a graph's tuning starts on a process executor,
+the candidates whose :meth:`~torch_tweak.torch.backend.Backend.compiles_ahead` is True are built in its
+background worker (``executor/background.py``), in queue order, at the lowest priority and paused whenever
+anything is timed. Their compiled graphs land in Inductor's caches on disk; in its turn the candidate is built,
+checked and measured in the main worker as every candidate is, and its build starts from warm caches.
+
+Not built ahead: candidates whose results the result cache already has, and those a stand-in rule skips
+whatever the others measure (TorchAO on a graph whose ``nn.Linear`` layers do almost nothing). In a
+candidate's turn the strategy waits for its background build if that has started, drops it if it has not (the
+candidate is then built in its turn from scratch), and drops it when a stand-in rule skips the candidate. What
+a background build does not finish (a failure, a crash, its time limit) costs only its head start: the build in
+turn reports what goes wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.torch.executor.background import BackgroundBuilds
+from torch_tweak.torch.executor.base import Executor, Failure, Shared
+from torch_tweak.torch.profiling import quiet
+from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
+from torch_tweak.torch.tune_strategy.isolated import build_ahead
+from torch_tweak.torch.tune_strategy.result_cache import ResultCache
+from torch_tweak.torch.tune_strategy.results import BASELINE
+
+logger = logging.getLogger(__name__)
+
+
+class BuildsAhead:
+    """The background builds of one graph's candidates, by backend key."""
+
+    def __init__(self, background: BackgroundBuilds, tickets: dict[str, int], task: GraphTask,
+                 time_limit_s: float | None) -> None:
+        self._background = background
+        self._tickets = tickets
+        self._task = task
+        self._time_limit_s = time_limit_s
+        self.group = background.group
+        if self.group is not None:
+            quiet.hold([self.group])  # this process's timed calls pause it too
+
+    def before_turn(self, template: Backend) -> None:
+        """Wait for ``template``'s background build if it has started; drop it if it has not."""
+        ticket = self._tickets.pop(template.key(), None)
+        if ticket is None:
+            return
+        if not self._background.started(ticket):
+            self._background.drop(ticket)
+            return
+        start = time.perf_counter()
+        outcome = self._background.wait(ticket, self._time_limit_s)
+        waited = time.perf_counter() - start
+        if isinstance(outcome, Failure):
+            logger.info("%s: %s was not built ahead (%s); it is built in its turn", describe_task(self._task),
+                        template.describe(), outcome.message)
+        else:
+            logger.info("%s: %s was built ahead in the background in %.1f s (waited %.1f s for it now); its build in "
+                        "turn starts from the compiler's warm caches", describe_task(self._task),
+                        template.describe(), outcome.value, waited)
+
+    def skipped(self, template: Backend) -> None:
+        """``template`` will not be built: its background build is dropped (a running one is stopped)."""
+        ticket = self._tickets.pop(template.key(), None)
+        if ticket is not None:
+            self._background.drop(ticket)
+
+    def close(self) -> None:
+        """Stop the background worker (tuning of the graph ended, or failed)."""
+        self._background.close()
+        if self.group is not None:
+            quiet.release([self.group])
+
+
+def start_builds_ahead(strategy: Any, task: GraphTask, executor: Executor | None, shared: Shared | None,
+                       cache: ResultCache | None) -> BuildsAhead | None:
+    """Queue the graph's slow-to-compile candidates in the executor's background worker (None: nothing to build
+    ahead, or the executor has no background worker)."""
+    if executor is None or shared is None:
+        return None
+    templates = [t for t, role in strategy._templates() if role != BASELINE and t.compiles_ahead()
+                 and (cache is None or cache.load(cache.key(t, role)) is None)
+                 and not strategy._skipped_whatever_measured(t, task)]
+    if not templates:
+        return None
+    background = executor.background()
+    if background is None:
+        return None
+    try:
+        tickets = {t.key(): background.start(shared, build_ahead, (t,), f"{describe_task(task)}: building "
+                                             f"{t.describe()} ahead") for t in templates}
+    except OSError as exc:  # the background worker could not be started: every candidate is built in its turn
+        logger.info("%s: no background builds (%s)", describe_task(task), exc)
+        background.close()
+        return None
+    ahead = BuildsAhead(background, tickets, task, strategy.candidate_time_limit_s)
+    if ahead.group is not None:
+        shared.context.pause = (ahead.group,)  # sent to the main worker with its first unit
+    logger.info("%s: building %s ahead in a background worker", describe_task(task),
+                ", ".join(t.describe() for t in templates))
+    return ahead
