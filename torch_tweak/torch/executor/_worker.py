@@ -9,9 +9,11 @@ Log records at or above the parent's level are forwarded, so the caller's handle
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import pickle
+import signal
 import socket
 import sys
 import threading
@@ -59,6 +61,19 @@ def _leave() -> NoReturn:
     os._exit(0)
 
 
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this process when the one that started it dies (``PR_SET_PDEATHSIG``): a
+    background build is of no use then, and it must not stay behind, stopped or compiling."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the request: nobody is left to wait for the work
+        os._exit(0)
+
+
 def main(conn: Connection, num_threads: int, log_level: int, background: bool = False) -> None:
     """Serve the parent until it says stop or goes away. A ``background`` worker (builds ahead of their turn,
     ``executor/background.py``) leads a process group of its own, which the measuring processes pause while they
@@ -68,6 +83,7 @@ def main(conn: Connection, num_threads: int, log_level: int, background: bool = 
     if background:
         os.setpgid(0, 0)  # its compiler's helper processes join this group: one signal pauses them all
         os.nice(19)
+        _die_with_parent()
 
     # A spawned process inherits "spawn" as its default start method. Libraries that start helper processes
     # (OpenVINO's telemetry starts one per event) would then start a whole interpreter that imports the caller's

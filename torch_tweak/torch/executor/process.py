@@ -9,7 +9,9 @@ How: one worker at a time (on a few cores, measurements need the machine to them
 ``spawn`` method with the caller's torch thread count, and reused for the next unit of work. A worker that
 dies, passes the memory limit or overruns a time limit is killed and replaced when the next unit starts. The
 module and its samples go to a worker once per graph (a second time only after a replacement). While a unit
-runs, this process watches the worker: its exit, its resident memory (``/proc``) and the clock.
+runs, this process watches the worker: its exit, its resident memory (``/proc``) and the clock. Builds that a
+strategy starts ahead of their turn run in a second, lowest-priority worker that measurements pause
+(:meth:`ProcessExecutor.background`, ``executor/background.py``); it is watched in the same loop.
 
 Spawned workers import the main script of the caller like ``multiprocessing`` always does: a script that calls
 ``tt.tune`` at import time must do so under ``if __name__ == "__main__":`` (or use ``executor="inline"``).

@@ -84,24 +84,27 @@ def start_builds_ahead(strategy: Any, task: GraphTask, executor: Executor | None
     ahead, or the executor has no background worker)."""
     if executor is None or shared is None:
         return None
-    templates = [t for t, role in strategy._templates() if role != BASELINE and t.compiles_ahead()
-                 and (cache is None or cache.load(cache.key(t, role)) is None)
-                 and not strategy._skipped_whatever_measured(t, task)]
-    if not templates:
-        return None
-    background = executor.background()
+    background: BackgroundBuilds | None = None
+    tickets: dict[str, int] = {}
+    for template, role in strategy._templates():
+        if role == BASELINE or not template.compiles_ahead() or \
+                (cache is not None and cache.load(cache.key(template, role)) is not None) or \
+                strategy._skipped_whatever_measured(template, task):  # after the first start: it runs the module
+            continue
+        background = background or executor.background()
+        if background is None:
+            return None
+        try:
+            tickets[template.key()] = background.start(shared, build_ahead, (template,),
+                                                       f"{describe_task(task)}: building {template.describe()} ahead")
+        except OSError as exc:  # no background worker: every candidate is built in its turn
+            logger.info("%s: no background builds (%s)", describe_task(task), exc)
+            background.close()
+            return None
+        logger.info("%s: building %s ahead in a background worker", describe_task(task), template.describe())
     if background is None:
-        return None
-    try:
-        tickets = {t.key(): background.start(shared, build_ahead, (t,), f"{describe_task(task)}: building "
-                                             f"{t.describe()} ahead") for t in templates}
-    except OSError as exc:  # the background worker could not be started: every candidate is built in its turn
-        logger.info("%s: no background builds (%s)", describe_task(task), exc)
-        background.close()
         return None
     ahead = BuildsAhead(background, tickets, task, strategy.candidate_time_limit_s)
     if ahead.group is not None:
         shared.context.pause = (ahead.group,)  # sent to the main worker with its first unit
-    logger.info("%s: building %s ahead in a background worker", describe_task(task),
-                ", ".join(t.describe() for t in templates))
     return ahead
