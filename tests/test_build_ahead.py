@@ -21,7 +21,8 @@ from torch_tweak.torch.backend import TorchEagerBackend
 from torch_tweak.torch.executor import Done, Failure, ProcessExecutor
 from torch_tweak.torch.executor.background import BackgroundBuilds
 from torch_tweak.torch.executor.base import CRASHED, Shared
-from torch_tweak.torch.profiling import ProfilingConfig, measure, quiet
+from torch_tweak.torch.profiling import ProfilingConfig, measure
+from torch_tweak.utils import pause
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups are read from /proc")
 
@@ -58,10 +59,10 @@ def _spinner() -> subprocess.Popen:
 
 def test_a_held_group_is_stopped_while_a_measurement_runs_and_continued_after():
     spinner = _spinner()
-    group = (spinner.pid, quiet.start_time(spinner.pid))
+    group = (spinner.pid, pause.start_time(spinner.pid))
     states: list[str] = []
     try:
-        quiet.hold([group])
+        pause.hold([group])
         def call() -> None:
             time.sleep(0.01)  # a stop takes effect on the process's next scheduling point, not at once
             states.append(_state(spinner.pid))
@@ -71,21 +72,21 @@ def test_a_held_group_is_stopped_while_a_measurement_runs_and_continued_after():
         time.sleep(0.05)
         assert _state(spinner.pid) in "RS"
     finally:
-        quiet.release([group])
+        pause.release([group])
         spinner.kill()
         spinner.wait()
-    assert not quiet.held()
+    assert not pause.held()
 
 
 def test_a_group_whose_leader_is_another_process_now_is_left_alone():
     spinner = _spinner()
     try:
-        stale = (spinner.pid, quiet.start_time(spinner.pid) - 1)  # same id, another start: not the process held
-        quiet.hold_only([stale])
-        with quiet.quiet():
+        stale = (spinner.pid, pause.start_time(spinner.pid) - 1)  # same id, another start: not the process held
+        pause.hold_only([stale])
+        with pause.paused():
             assert _state(spinner.pid) in "RS"
     finally:
-        quiet.hold_only([])
+        pause.hold_only([])
         spinner.kill()
         spinner.wait()
 
@@ -176,7 +177,7 @@ def test_a_candidate_that_compiles_ahead_is_built_in_the_background_first_then_i
     assert any("was built ahead in the background" in r.getMessage() for r in caplog.records)
     row = next(r for r in graph.candidates if r.backend.startswith("BuildsLoggedBackend"))
     assert row.status in ("chosen", "passed")
-    assert not quiet.held()  # the tuning process let go of the finished background group
+    assert not pause.held()  # the tuning process let go of the finished background group
     with pytest.raises(ProcessLookupError):  # the background worker's group is gone with the graph's tuning
         os.killpg(background["pgid"], 0)
 

@@ -9,7 +9,7 @@ builds, checks and measures the other candidates.
 
 The background worker leads a process group of its own and runs at the lowest priority (nice 19), so it takes
 only the cores the other work leaves idle; every timed call of the tuning pauses its group
-(``profiling/quiet.py``). Units are sent one at a time, so one that is no longer wanted can be dropped before it
+(``utils/pause.py``). Units are sent one at a time, so one that is no longer wanted can be dropped before it
 starts; a running one is dropped by killing the worker (the next unit gets a new one). A unit that fails,
 crashes or runs out of time only loses its head start: the strategy builds the candidate in its turn as usual.
 """
@@ -29,7 +29,7 @@ from typing import Any
 from torch_tweak.torch.executor._spawned import POLL_S, Worker, describe_exit, resident_bytes
 from torch_tweak.torch.executor._stream import send_pickle
 from torch_tweak.torch.executor.base import CRASHED, ERROR, OUT_OF_MEMORY, TIMED_OUT, Done, Failure, Outcome, Shared
-from torch_tweak.torch.profiling.quiet import signal_group, start_time
+from torch_tweak.utils.pause import signal_group, start_time
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class BackgroundBuilds:
 
     @property
     def group(self) -> tuple[int, int] | None:
-        """The worker's process group as ``(pgid, leader start time)`` (see ``profiling/quiet.py``), or None."""
+        """The worker's process group as ``(pgid, leader start time)`` (see ``utils/pause.py``), or None."""
         worker = self._worker
         if worker is None or worker.process.pid is None:
             return None

@@ -23,10 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from torch_tweak.torch.executor.background import BackgroundBuilds
+from typing import Any, Protocol
 
 #: What a :class:`Failure` says happened.
 CRASHED = "crashed"  # the worker died (a signal, an exit, a lost node)
@@ -70,6 +67,24 @@ class Failure:
 Outcome = Done | Failure
 
 
+class Background(Protocol):
+    """Units of work started ahead of their turn in a background worker whose measurements-pausable process
+    group is :attr:`group` (implemented by ``executor/background.py``)."""
+
+    @property
+    def group(self) -> tuple[int, int] | None: ...
+
+    def start(self, shared: Shared, fn: Callable[..., Any], args: tuple[Any, ...], label: str) -> int: ...
+
+    def started(self, ticket: int) -> bool: ...
+
+    def drop(self, ticket: int) -> None: ...
+
+    def wait(self, ticket: int, time_limit_s: float | None) -> Outcome: ...
+
+    def close(self) -> None: ...
+
+
 class Pending(ABC):
     """A submitted unit of work; :meth:`result` waits for it (and, for lazy executors, runs it)."""
 
@@ -106,7 +121,7 @@ class Executor(ABC):
     def release(self, shared: Shared) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """The context will not be used again (workers may drop it)."""
 
-    def background(self) -> BackgroundBuilds | None:
+    def background(self) -> Background | None:
         """A new background worker for builds started ahead of their turn (``executor/background.py``), whose
         process group this machine's measurements can pause; None where the executor has none (the default)."""
         return None

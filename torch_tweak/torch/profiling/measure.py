@@ -14,7 +14,7 @@ import torch
 from torch_tweak.errors import TorchTweakError
 from torch_tweak.torch._device import synchronize
 from torch_tweak.torch.profiling.config import ProfilingConfig
-from torch_tweak.torch.profiling.quiet import quiet
+from torch_tweak.utils.pause import paused
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def measure(
             sync()
         return (clock() - start) * 1000.0
 
-    with quiet():  # background compiles wait while this measures
+    with paused():  # background compiles wait while this measures
         return _measure(timed, batch_size, config, batched)
 
 

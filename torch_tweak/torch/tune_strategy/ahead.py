@@ -3,16 +3,17 @@
 Why: Inductor and TorchAO compile for 40-100 s on a 2-core machine, and the candidates before them (OpenVINO,
 ONNX Runtime) leave a core idle for much of their builds. When a graph's tuning starts on a process executor,
 the candidates whose :meth:`~torch_tweak.torch.backend.Backend.compiles_ahead` is True are built in its
-background worker (``executor/background.py``), in queue order, at the lowest priority and paused whenever
-anything is timed. Their compiled graphs land in Inductor's caches on disk; in its turn the candidate is built,
-checked and measured in the main worker as every candidate is, and its build starts from warm caches.
+background worker (``executor/background.py``) at the lowest priority, paused whenever anything is timed, the
+one whose turn comes last first (it has the most time to finish). Their compiled graphs land in Inductor's
+caches on disk; in its turn the candidate is built, checked and measured in the main worker as every candidate
+is, and its build starts from warm caches.
 
 Not built ahead: candidates whose results the result cache already has, and those a stand-in rule skips
-whatever the others measure (TorchAO on a graph whose ``nn.Linear`` layers do almost nothing). In a
-candidate's turn the strategy waits for its background build if that has started, drops it if it has not (the
-candidate is then built in its turn from scratch), and drops it when a stand-in rule skips the candidate. What
-a background build does not finish (a failure, a crash, its time limit) costs only its head start: the build in
-turn reports what goes wrong.
+whatever the others measure (TorchAO on a graph whose ``nn.Linear`` layers do almost nothing; the background
+worker decides that, as it runs the module). In a candidate's turn the strategy waits for its background build
+if that has started, drops it if it has not (the candidate is then built in its turn from scratch), and drops
+it when a stand-in rule skips the candidate. What a background build does not finish (a failure, a crash, its
+time limit) costs only its head start: the build in turn reports what goes wrong.
 """
 
 from __future__ import annotations
@@ -22,13 +23,12 @@ import time
 from typing import Any
 
 from torch_tweak.torch.backend.backend import Backend
-from torch_tweak.torch.executor.background import BackgroundBuilds
-from torch_tweak.torch.executor.base import Executor, Failure, Shared
-from torch_tweak.torch.profiling import quiet
+from torch_tweak.torch.executor.base import Background, Executor, Failure, Shared
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
 from torch_tweak.torch.tune_strategy.isolated import build_ahead
 from torch_tweak.torch.tune_strategy.result_cache import ResultCache
 from torch_tweak.torch.tune_strategy.results import BASELINE
+from torch_tweak.utils import pause
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 class BuildsAhead:
     """The background builds of one graph's candidates, by backend key."""
 
-    def __init__(self, background: BackgroundBuilds, tickets: dict[str, int], task: GraphTask,
+    def __init__(self, background: Background, tickets: dict[str, int], task: GraphTask,
                  time_limit_s: float | None) -> None:
         self._background = background
         self._tickets = tickets
@@ -44,7 +44,7 @@ class BuildsAhead:
         self._time_limit_s = time_limit_s
         self.group = background.group
         if self.group is not None:
-            quiet.hold([self.group])  # this process's timed calls pause it too
+            pause.hold([self.group])  # this process's timed calls pause it too
 
     def before_turn(self, template: Backend) -> None:
         """Wait for ``template``'s background build if it has started; drop it if it has not."""
@@ -60,6 +60,9 @@ class BuildsAhead:
         if isinstance(outcome, Failure):
             logger.info("%s: %s was not built ahead (%s); it is built in its turn", describe_task(self._task),
                         template.describe(), outcome.message)
+        elif outcome.value is None:
+            logger.debug("%s: %s was not built ahead: a stand-in rule skips it", describe_task(self._task),
+                         template.describe())
         else:
             logger.info("%s: %s was built ahead in the background in %.1f s (waited %.1f s for it now); its build in "
                         "turn starts from the compiler's warm caches", describe_task(self._task),
@@ -75,7 +78,7 @@ class BuildsAhead:
         """Stop the background worker (tuning of the graph ended, or failed)."""
         self._background.close()
         if self.group is not None:
-            quiet.release([self.group])
+            pause.release([self.group])
 
 
 def start_builds_ahead(strategy: Any, task: GraphTask, executor: Executor | None, shared: Shared | None,
@@ -84,27 +87,23 @@ def start_builds_ahead(strategy: Any, task: GraphTask, executor: Executor | None
     ahead, or the executor has no background worker)."""
     if executor is None or shared is None:
         return None
-    background: BackgroundBuilds | None = None
-    tickets: dict[str, int] = {}
-    for template, role in strategy._templates():
-        if role == BASELINE or not template.compiles_ahead() or \
-                (cache is not None and cache.load(cache.key(template, role)) is not None) or \
-                strategy._skipped_whatever_measured(template, task):  # after the first start: it runs the module
-            continue
-        background = background or executor.background()
-        if background is None:
-            return None
-        try:
-            tickets[template.key()] = background.start(shared, build_ahead, (template,),
-                                                       f"{describe_task(task)}: building {template.describe()} ahead")
-        except OSError as exc:  # no background worker: every candidate is built in its turn
-            logger.info("%s: no background builds (%s)", describe_task(task), exc)
-            background.close()
-            return None
-        logger.info("%s: building %s ahead in a background worker", describe_task(task), template.describe())
+    templates = [t for t, role in strategy._templates() if role != BASELINE and t.compiles_ahead()
+                 and (cache is None or cache.load(cache.key(t, role)) is None)]
+    background = executor.background() if templates else None
     if background is None:
         return None
+    tickets: dict[str, int] = {}
+    try:
+        for template in reversed(templates):  # the last turn first: it has the most time to finish
+            tickets[template.key()] = background.start(shared, build_ahead, (template,),
+                                                       f"{describe_task(task)}: building {template.describe()} ahead")
+    except OSError as exc:  # no background worker: every candidate is built in its turn
+        logger.info("%s: no background builds (%s)", describe_task(task), exc)
+        background.close()
+        return None
+    logger.info("%s: building %s ahead in a background worker", describe_task(task),
+                ", ".join(t.describe() for t in reversed(templates)))
     ahead = BuildsAhead(background, tickets, task, strategy.candidate_time_limit_s)
     if ahead.group is not None:
-        shared.context.pause = (ahead.group,)  # sent to the main worker with its first unit
+        shared.context.paused = (ahead.group,)  # sent to the main worker with its first unit
     return ahead

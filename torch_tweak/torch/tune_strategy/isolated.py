@@ -35,7 +35,7 @@ from torch_tweak.torch.executor.base import (
     Pending,
     Shared,
 )
-from torch_tweak.torch.profiling import SweepResult, quiet
+from torch_tweak.torch.profiling import SweepResult
 from torch_tweak.torch.report.report import CandidateReport, GraphReport
 from torch_tweak.torch.report.status import CandidateStatus
 from torch_tweak.torch.tune_strategy.base import (
@@ -46,6 +46,7 @@ from torch_tweak.torch.tune_strategy.base import (
     release_scratch,
 )
 from torch_tweak.torch.tune_strategy.results import BASELINE, Evaluation, Plan, selection_dict
+from torch_tweak.utils import pause
 from torch_tweak.utils.capture import capture_output
 
 logger = logging.getLogger(__name__)
@@ -59,15 +60,15 @@ class WorkerContext:
     task: GraphTask
     #: Built candidates kept in the worker for their full sweep (``keep``), by backend key.
     kept: dict[str, Backend] = field(default_factory=dict)
-    #: Process groups of background builds that the worker's measurements pause (``profiling/quiet.py``).
-    pause: tuple[tuple[int, int], ...] = ()
+    #: Process groups of background builds that the worker's measurements pause (``utils/pause.py``).
+    paused: tuple[tuple[int, int], ...] = ()
 
 
 def evaluate_candidate(context: WorkerContext, template: Backend, role: str, plan: Plan,
                        keep: bool = False) -> tuple[CandidateReport, SweepResult | None]:
     """In the worker: build, check and measure ``template`` like the strategy does in process; release it, or
     with ``keep`` hold it in the context for :func:`sweep_candidate` (screening measured it at two batch sizes)."""
-    quiet.hold_only(context.pause)
+    pause.hold_only(context.paused)
     task = replace(context.task, report=GraphReport(name=context.task.report.name))
     if task.store is not None and not task.store.folder.is_dir():  # another machine: the caller's disk is not here
         logger.warning("%s: the recorded calls in %s are not on this machine; calibrating and judging with the "
@@ -89,7 +90,7 @@ def evaluate_candidate(context: WorkerContext, template: Backend, role: str, pla
 def sweep_candidate(context: WorkerContext, template: Backend, role: str, plan: Plan) -> SweepResult | None:
     """In the worker: measure ``plan`` on the candidate kept from screening, or build, check and measure it again
     (the worker was replaced since); the candidate is released afterwards."""
-    quiet.hold_only(context.pause)
+    pause.hold_only(context.paused)
     backend = context.kept.pop(template.key(), None)
     if backend is None:
         return evaluate_candidate(context, template, role, plan)[1]
@@ -100,11 +101,14 @@ def sweep_candidate(context: WorkerContext, template: Backend, role: str, plan: 
         _return_freed_memory()
 
 
-def build_ahead(context: WorkerContext, template: Backend) -> float:
+def build_ahead(context: WorkerContext, template: Backend) -> float | None:
     """In the background worker (``executor/background.py``): build ``template`` as the main worker will in its
     turn (the same module, graph, samples and threads), so that the compiler's caches on disk are warm by then;
-    nothing is checked or measured, the build is released. Returns its seconds."""
+    nothing is checked or measured, the build is released. Returns its seconds, or None without a build when a
+    stand-in rule skips the candidate whatever the others measure (decided here: it runs the module eagerly)."""
     task = context.task
+    if context.strategy._skipped_whatever_measured(template, task):
+        return None
     backend = copy.deepcopy(template)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="torch_tweak-ahead-") as scratch:

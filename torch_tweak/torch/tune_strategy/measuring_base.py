@@ -227,7 +227,6 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
                 ahead.close()
             if executor is not None and shared is not None:
                 executor.release(shared)
-            self._forget_linear_counts()
         while True:  # a reused result serves once built and checked again; then routes are worked out again
             chosen, reason = self._choose(task, evaluations, self._best(evaluations))
             routes = batch_routes(chosen, evaluations, 1.0 + self.eager_margin) if self._routes_batches else None

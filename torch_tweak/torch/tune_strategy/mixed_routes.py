@@ -27,10 +27,10 @@ from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.backend.batch_router import BatchRouterBackend
 from torch_tweak.torch.module.spec import GraphSpec, resize_batch
 from torch_tweak.torch.profiling import ProfilingConfig, device_sync, percentile
-from torch_tweak.torch.profiling.quiet import quiet
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task, release_quietly
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, unbuilt
 from torch_tweak.torch.tune_strategy.routing import Routes, batch_routes, runtime_of
+from torch_tweak.utils.pause import paused
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def mixed_call_times(backends: list[Backend], spec: GraphSpec, device: torch.dev
             if record is not None:
                 record[size].append((clock() - start) * 1000.0)
 
-    with torch.no_grad(), quiet():
+    with torch.no_grad(), paused():
         for backend in backends:
             cycle(backend, None)
         begin, rounds = clock(), 0

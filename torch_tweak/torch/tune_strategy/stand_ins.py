@@ -45,12 +45,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.module.forward import original_forward, pristine
-from torch_tweak.torch.profiling.quiet import quiet
 from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.report.status import CandidateStatus
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
 from torch_tweak.torch.tune_strategy.results import BASELINE, NOISE, Evaluation
 from torch_tweak.torch.tune_strategy.screening import best_at_ends
+from torch_tweak.utils.pause import paused
 
 logger = logging.getLogger(__name__)
 
@@ -153,11 +153,11 @@ class StandIns:
         reason = None
         if name == _TORCHAO:
             inductor = measured.get(_default_key(_INDUCTOR))
-            share = self._linear_count(task, "share") if inductor is not None else None
+            share = linear_share(task.module, task) if inductor is not None else None
             if inductor is not None and share is not None and share < LINEAR_SHARE:
                 reason = (f"it quantizes nn.Linear layers only, which do {share:.2%} of this graph's multiply-adds, "
                           f"and compiles the rest like {inductor.row.backend}, measured above")
-            elif template.key() == _default_key(_TORCHAO) and (macs := self._linear_count(task, "largest")) is not None \
+            elif template.key() == _default_key(_TORCHAO) and (macs := largest_linear_call(task)) is not None \
                     and 0 < macs < INT8_MIN_LINEAR_MACS:
                 reason = (f"its int8 quantizes every call's activations, which costs more than int8 saves on matrices "
                           f"this small: the largest nn.Linear call of the largest recorded batch does {macs:,} "
@@ -185,27 +185,11 @@ class StandIns:
         default on a graph whose ``nn.Linear`` layers do too little (its background build would be wasted)."""
         if not self.skip_stand_ins or template.key() != _default_key(_TORCHAO):
             return False
-        share = self._linear_count(task, "share")  # the rule waits for Inductor's measurement (without one,
-        if share is not None and share < LINEAR_SHARE:  # TorchAO is built in its turn: only the head start is lost)
+        share = linear_share(task.module, task)  # the rule waits for Inductor's measurement (without one, TorchAO
+        if share is not None and share < LINEAR_SHARE:  # is built in its turn: only the head start is lost)
             return True
-        macs = self._linear_count(task, "largest")
+        macs = largest_linear_call(task)
         return macs is not None and 0 < macs < INT8_MIN_LINEAR_MACS
-
-    def _linear_count(self, task: GraphTask, which: str) -> Any:
-        """:func:`linear_share` (``"share"``) or :func:`largest_linear_call` (``"largest"``) of the task, counted
-        once per recorded samples (each runs the module eagerly: a BERT-base at batch 8 on 2 cores, 1.2 s)."""
-        samples, counts = getattr(self, "_linear_counts", (None, {}))
-        if samples is not task.samples:
-            counts = {}
-            self._linear_counts = (task.samples, counts)
-        if which not in counts:
-            counts[which] = linear_share(task.module, task) if which == "share" else largest_linear_call(task)
-        return counts[which]
-
-    def _forget_linear_counts(self) -> None:
-        """Drop the counts and the samples they hold (at the end of a graph, before the strategy is copied into
-        the next graph's worker context)."""
-        self.__dict__.pop("_linear_counts", None)
 
     def _kernel_bound_reason(self: Any, task: GraphTask, evaluations: list[Evaluation]) -> str | None:
         """Why Inductor cannot come close enough to the best candidate to be kept (None: it might)."""
@@ -266,7 +250,7 @@ def kernel_time(task: GraphTask) -> tuple[int, float, float] | None:
         with pristine(task.module), torch.no_grad():
             with _KernelTimer():  # warm, under a mode too: the first call under a dispatch mode in a process takes
                 original_forward(task.module)(*args, **kwargs)  # 20x longer (a ResNet-50 at batch 1: 1.5 s, not 75 ms)
-            with timer, quiet():
+            with timer, paused():
                 start = time.perf_counter()
                 original_forward(task.module)(*args, **kwargs)
                 call_ms = (time.perf_counter() - start) * 1000.0

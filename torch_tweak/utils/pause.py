@@ -4,7 +4,7 @@ Why: tuning compiles the slow-to-build candidates (Inductor, TorchAO: 40-100 s o
 process while the other candidates are built and measured (``executor/background.py``). Builds share the cores
 well, but a measurement must not: a compile on the other core slows a 2-thread call by far more than the noise
 the strategies allow for. So every timed loop (:func:`~torch_tweak.torch.profiling.measure.measure`, the kernel
-bound of ``tune_strategy/stand_ins.py``, the mixed-call check) runs inside :func:`quiet`, which stops the held
+bound of ``tune_strategy/stand_ins.py``, the mixed-call check) runs inside :func:`paused`, which stops the held
 process groups with ``SIGSTOP`` and continues them with ``SIGCONT`` afterwards (a few microseconds each).
 
 A group is held as ``(pgid, start)``: the group leader's process id and its start time (``/proc/<pid>/stat``,
@@ -15,12 +15,9 @@ finished background process whose id the system gave to another process is never
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 from collections.abc import Iterable, Iterator
-
-logger = logging.getLogger(__name__)
 
 #: The process groups this process pauses while it measures, as ``(pgid, leader start time)``.
 _held: set[tuple[int, int]] = set()
@@ -59,7 +56,7 @@ def release(groups: Iterable[tuple[int, int]]) -> None:
 
 
 def held() -> frozenset[tuple[int, int]]:
-    """The process groups :func:`quiet` pauses."""
+    """The process groups :func:`paused` pauses."""
     return frozenset(_held)
 
 
@@ -76,7 +73,7 @@ def signal_group(group: tuple[int, int], signum: int) -> bool:
 
 
 @contextlib.contextmanager
-def quiet() -> Iterator[None]:
+def paused() -> Iterator[None]:
     """Pause the held process groups for the duration of the block (nothing to do when none is held)."""
     if not _held:
         yield
