@@ -20,7 +20,7 @@ from torch_tweak.errors import ConfigError
 from torch_tweak.torch.backend import TorchEagerBackend
 from torch_tweak.torch.executor import Done, Failure, ProcessExecutor
 from torch_tweak.torch.executor.background import BackgroundBuilds
-from torch_tweak.torch.executor.base import CRASHED, Shared
+from torch_tweak.torch.executor.base import CRASHED, TIMED_OUT, Shared
 from torch_tweak.torch.profiling import ProfilingConfig, measure
 from torch_tweak.utils import pause
 
@@ -124,28 +124,28 @@ def test_background_units_run_in_order_in_a_low_priority_group_of_their_own():
         background.close()
 
 
-def test_dropping_a_queued_unit_skips_it_and_dropping_a_running_one_replaces_the_worker():
+def test_a_dropped_queued_unit_never_runs_and_a_dropped_running_one_stops_the_worker():
     background = BackgroundBuilds(1, float("inf"))
     shared = Shared(2, {})
     try:
         running = background.start(shared, _sleep, (60,), "sleeps")
         queued = background.start(shared, _value, (1,), "queued")
-        last = background.start(shared, _group_and_nice, (), "last")
+        last = background.start(shared, _value, (2,), "last")
         background.drop(queued)
         assert isinstance(background.wait(queued, 5), Failure)
-        old = background.group
+        pid = background.group[0]
         deadline = time.monotonic() + 60
-        while _state(old[0]) != "S" and time.monotonic() < deadline:  # imported and sleeping in the unit
+        while _state(pid) != "S" and time.monotonic() < deadline:  # imported, and sleeping in the unit
             time.sleep(0.05)
-        background.drop(running)  # kills the worker; the last unit starts in a new one
-        outcome = background.wait(last, 120)
-        assert isinstance(outcome, Done) and outcome.value[1] != old[0]
-        assert not os.path.exists(f"/proc/{old[0]}") or _state(old[0]) in "ZX"
+        background.drop(running)
+        assert not os.path.exists(f"/proc/{pid}") or _state(pid) in "ZX"
+        outcome = background.wait(last, 5)  # queued after a stopped worker: never started in another group
+        assert isinstance(outcome, Failure) and "not started" in outcome.message
     finally:
         background.close()
 
 
-def test_a_background_crash_fails_its_unit_and_the_next_one_gets_a_new_worker():
+def test_a_background_crash_fails_its_unit_and_the_units_queued_after_it():
     background = BackgroundBuilds(1, float("inf"))
     shared = Shared(3, {})
     try:
@@ -153,7 +153,17 @@ def test_a_background_crash_fails_its_unit_and_the_next_one_gets_a_new_worker():
         after = background.start(shared, _value, (5,), "after")
         outcome = background.wait(crash, 120)
         assert isinstance(outcome, Failure) and outcome.kind == CRASHED and "SIGABRT" in outcome.message
-        assert background.wait(after, 120).value == 5
+        assert isinstance(background.wait(after, 5), Failure)
+    finally:
+        background.close()
+
+
+def test_a_unit_past_its_time_limit_is_stopped():
+    background = BackgroundBuilds(1, float("inf"))
+    try:
+        ticket = background.start(Shared(4, {}), _sleep, (60,), "sleeps")
+        outcome = background.wait(ticket, 3)
+        assert isinstance(outcome, Failure) and outcome.kind == TIMED_OUT
     finally:
         background.close()
 

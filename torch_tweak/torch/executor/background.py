@@ -10,8 +10,9 @@ builds, checks and measures the other candidates.
 The background worker leads a process group of its own and runs at the lowest priority (nice 19), so it takes
 only the cores the other work leaves idle; every timed call of the tuning pauses its group
 (``utils/pause.py``). Units are sent one at a time, so one that is no longer wanted can be dropped before it
-starts; a running one is dropped by killing the worker (the next unit gets a new one). A unit that fails,
-crashes or runs out of time only loses its head start: the strategy builds the candidate in its turn as usual.
+starts; a running one is dropped by killing the worker, and so are the units queued after it (one worker per
+graph: the measuring processes pause its group only). A unit that fails, crashes or runs out of time only loses
+its head start: the strategy builds the candidate in its turn as usual.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class BackgroundBuilds:
         self._running: _Unit | None = None
         self._outcomes: dict[int, Outcome] = {}
         self._tickets = itertools.count(1)
+        self._gone: str | None = None  # why the one worker is gone (a replacement would not be in a paused group)
 
     @property
     def group(self) -> tuple[int, int] | None:
@@ -82,7 +84,8 @@ class BackgroundBuilds:
         return ticket in self._outcomes or (self._running is not None and self._running.ticket == ticket)
 
     def drop(self, ticket: int) -> None:
-        """Forget a unit: dequeue it, or kill the worker if it runs it (the next unit gets a new worker)."""
+        """Forget a unit: dequeue it, or kill the worker if it runs it (units still queued then fail unstarted:
+        a second worker would lead a process group the measuring processes were never told to pause)."""
         self._waiting = [u for u in self._waiting if u.ticket != ticket]
         self._outcomes.pop(ticket, None)
         if self._running is not None and self._running.ticket == ticket:
@@ -143,8 +146,10 @@ class BackgroundBuilds:
         return self._worker.name if self._worker is not None else "none"
 
     def _send(self, unit: _Unit) -> None:
-        if self._worker is None or not self._worker.process.is_alive():
-            self._kill()
+        if self._gone is not None:
+            self._outcomes[unit.ticket] = Failure(CRASHED, f"{unit.label}: not started: {self._gone}", self._name())
+            return
+        if self._worker is None:
             self._worker = Worker(self._num_threads, background=True)
             self._sender = _Sender(self._worker)
         assert self._sender is not None
@@ -167,6 +172,7 @@ class BackgroundBuilds:
         worker, self._worker, self._sender = self._worker, None, None
         if worker is None:
             return
+        self._gone = f"the background worker {worker.name} was stopped"
         pid = worker.process.pid
         start = start_time(pid) if pid else None
         if pid and start is not None:
