@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -190,6 +191,14 @@ def test_a_candidate_that_compiles_ahead_is_built_in_the_background_first_then_i
     assert not pause.held()  # the tuning process let go of the finished background group
     with pytest.raises(ProcessLookupError):  # the background worker's group is gone with the graph's tuning
         os.killpg(background["pgid"], 0)
+    deadline = time.monotonic() + 5
+    while _senders() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _senders()  # and the thread that sent it work
+
+
+def _senders() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "torch_tweak-background-sender"]
 
 
 def test_build_ahead_false_builds_each_candidate_in_its_turn_only(tmp_path):

@@ -169,7 +169,9 @@ class BackgroundBuilds:
             signal_group(group, signal.SIGCONT)
 
     def _kill(self) -> None:
-        worker, self._worker, self._sender = self._worker, None, None
+        worker, sender, self._worker, self._sender = self._worker, self._sender, None, None
+        if sender is not None:
+            sender.put(None)  # its thread ends
         if worker is None:
             return
         self._gone = f"the background worker {worker.name} was stopped"
@@ -186,16 +188,16 @@ class _Sender:
 
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
-        self._queue: queue.SimpleQueue[_Unit] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Unit | None] = queue.SimpleQueue()
         threading.Thread(target=self._run, name="torch_tweak-background-sender", daemon=True).start()
 
-    def put(self, unit: _Unit) -> None:
+    def put(self, unit: _Unit | None) -> None:
+        """Send ``unit`` after those put before it; None ends the thread."""
         self._queue.put(unit)
 
     def _run(self) -> None:
         worker = self._worker
-        while True:
-            unit = self._queue.get()
+        while (unit := self._queue.get()) is not None:
             try:
                 if unit.shared.token not in worker.contexts:
                     worker.send(("context", unit.shared.token))

@@ -101,9 +101,12 @@ def start_builds_ahead(strategy: Any, task: GraphTask, executor: Executor | None
         logger.info("%s: no background builds (%s)", describe_task(task), exc)
         background.close()
         return None
+    ahead = BuildsAhead(background, tickets, task, strategy.candidate_time_limit_s)
+    if ahead.group is None:  # no /proc to tell the worker's start time: its group could not be paused safely
+        logger.info("%s: no background builds (this system does not show process start times)", describe_task(task))
+        ahead.close()
+        return None
+    shared.context.paused = (ahead.group,)  # sent to the main worker with its first unit
     logger.info("%s: building %s ahead in a background worker", describe_task(task),
                 ", ".join(t.describe() for t in reversed(templates)))
-    ahead = BuildsAhead(background, tickets, task, strategy.candidate_time_limit_s)
-    if ahead.group is not None:
-        shared.context.paused = (ahead.group,)  # sent to the main worker with its first unit
     return ahead
