@@ -9,10 +9,10 @@ candidates; the peer workloads (``mlp``, ``resnet50``, ``resnet50_random``, ``be
 are tuned exactly as ``benchmarks/peers.py --full`` tunes them (same weights recipe, the same
 ``--tune-samples`` tuning samples, its tuning batch sizes, its candidates: the defaults plus Inductor AOT):
 
-* first: an empty cache folder (Inductor's compiler cache is a folder inside it, so each first run compiles
+* first: an empty run folder (torch_tweak's cache and Inductor's compiler cache are folders inside it, so each first run compiles
   from nothing);
-* second: the same cache folder again (results reused, only the chosen candidate built again);
-* resumed: an empty cache folder, the process killed with SIGKILL after ``--kill-after`` times the first
+* second: the same run folder again (results reused, only the chosen candidate built again);
+* resumed: an empty run folder, the process killed with SIGKILL after ``--kill-after`` times the first
   run's wall time, then tuned again in that folder (only what had not finished is built).
 
 Ratios are against the first run measured in the same invocation (machines here are noisy). Each row
@@ -68,7 +68,7 @@ def child(workload: str, cache: str, executor: str) -> None:
     from torch_tweak.demo import small_cnn
     from torch_tweak.tiny_models import small_encoder
 
-    tt.config.cache_dir = cache
+    tt.config.cache_dir = os.path.join(cache, "torch_tweak")  # beside Inductor's (an import may create that one first)
     if workload in PEER_WORKLOADS:
         model, data, sizes, candidates = _peer_workload(workload)
         strategy = tt.HighestThroughputStrategy(candidates)
@@ -134,7 +134,7 @@ def serve(workload: str, cache: str) -> None:
 
 
 def _env(cache: str) -> dict[str, str]:
-    """The child's environment: Inductor's compiler cache in the run's own cache folder, so a first run compiles
+    """The child's environment: Inductor's compiler cache in the run's own folder, so a first run compiles
     from nothing (as a user's first tune does), a second run finds what its first run compiled, and a resumed run
     what its killed run compiled, never what another run of this script left in the machine's shared cache."""
     return {**os.environ, "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor-cache")}
@@ -143,7 +143,8 @@ def _env(cache: str) -> dict[str, str]:
 def _run(workload: str, cache: str, executor: str, kill_after: float | None = None) -> dict | None:
     command = [sys.executable, __file__, "--child", workload, cache, executor]
     env = _env(cache)
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    errors = tempfile.TemporaryFile(mode="w+")  # the child's stderr, shown if it fails
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
     if kill_after is not None:
         try:
             proc.wait(timeout=kill_after)
@@ -153,7 +154,10 @@ def _run(workload: str, cache: str, executor: str, kill_after: float | None = No
             return None
     out, _ = proc.communicate()
     if proc.returncode != 0:
-        raise SystemExit(f"{workload}: the tuning process failed ({proc.returncode})")
+        errors.seek(0)
+        tail = "".join(errors.readlines()[-40:])
+        raise SystemExit(f"{workload}: the tuning process failed ({proc.returncode}); the end of its stderr:\n{tail}")
+    errors.close()
     return json.loads(out.strip().splitlines()[-1])
 
 

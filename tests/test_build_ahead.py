@@ -109,64 +109,55 @@ def _group_and_nice(context):
     return os.getpgid(0), os.getpid(), os.nice(0)
 
 
-def test_background_units_run_in_order_in_a_low_priority_group_of_their_own():
-    background = BackgroundBuilds(1, float("inf"))
+@pytest.fixture
+def background():
+    builds = BackgroundBuilds(1, float("inf"))
+    yield builds
+    builds.close()
+
+
+def test_background_units_run_in_order_in_a_low_priority_group_of_their_own(background):
     shared = Shared(1, {"weights": torch.zeros(4)})
-    try:
-        first = background.start(shared, _group_and_nice, (), "first")
-        second = background.start(shared, _value, (7,), "second")
-        assert not background.started(second)  # sent when the first is done
-        outcome = background.wait(first, 120)
-        assert isinstance(outcome, Done)
-        pgid, pid, nice = outcome.value
-        assert pgid == pid == background.group[0] and nice == 19
-        assert background.wait(second, 60).value == 7
-    finally:
-        background.close()
+    first = background.start(shared, _group_and_nice, (), "first")
+    second = background.start(shared, _value, (7,), "second")
+    assert not background.started(second)  # sent when the first is done
+    outcome = background.wait(first, 120)
+    assert isinstance(outcome, Done)
+    pgid, pid, nice = outcome.value
+    assert pgid == pid == background.group[0] and nice == 19
+    assert background.wait(second, 60).value == 7
 
 
-def test_a_dropped_queued_unit_never_runs_and_a_dropped_running_one_stops_the_worker():
-    background = BackgroundBuilds(1, float("inf"))
+def test_a_dropped_queued_unit_never_runs_and_a_dropped_running_one_stops_the_worker(background):
     shared = Shared(2, {})
-    try:
-        running = background.start(shared, _sleep, (60,), "sleeps")
-        queued = background.start(shared, _value, (1,), "queued")
-        last = background.start(shared, _value, (2,), "last")
-        background.drop(queued)
-        assert isinstance(background.wait(queued, 5), Failure)
-        pid = background.group[0]
-        deadline = time.monotonic() + 60
-        while _state(pid) != "S" and time.monotonic() < deadline:  # imported, and sleeping in the unit
-            time.sleep(0.05)
-        background.drop(running)
-        assert not os.path.exists(f"/proc/{pid}") or _state(pid) in "ZX"
-        outcome = background.wait(last, 5)  # queued after a stopped worker: never started in another group
-        assert isinstance(outcome, Failure) and "not started" in outcome.message
-    finally:
-        background.close()
+    running = background.start(shared, _sleep, (60,), "sleeps")
+    queued = background.start(shared, _value, (1,), "queued")
+    last = background.start(shared, _value, (2,), "last")
+    background.drop(queued)
+    assert isinstance(background.wait(queued, 5), Failure)
+    pid = background.group[0]
+    deadline = time.monotonic() + 60
+    while _state(pid) != "S" and time.monotonic() < deadline:  # imported, and sleeping in the unit
+        time.sleep(0.05)
+    background.drop(running)
+    assert not os.path.exists(f"/proc/{pid}") or _state(pid) in "ZX"
+    outcome = background.wait(last, 5)  # queued after a stopped worker: never started in another group
+    assert isinstance(outcome, Failure) and "not started" in outcome.message
 
 
-def test_a_background_crash_fails_its_unit_and_the_units_queued_after_it():
-    background = BackgroundBuilds(1, float("inf"))
+def test_a_background_crash_fails_its_unit_and_the_units_queued_after_it(background):
     shared = Shared(3, {})
-    try:
-        crash = background.start(shared, _abort, (), "aborts")
-        after = background.start(shared, _value, (5,), "after")
-        outcome = background.wait(crash, 120)
-        assert isinstance(outcome, Failure) and outcome.kind == CRASHED and "SIGABRT" in outcome.message
-        assert isinstance(background.wait(after, 5), Failure)
-    finally:
-        background.close()
+    crash = background.start(shared, _abort, (), "aborts")
+    after = background.start(shared, _value, (5,), "after")
+    outcome = background.wait(crash, 120)
+    assert isinstance(outcome, Failure) and outcome.kind == CRASHED and "SIGABRT" in outcome.message
+    assert isinstance(background.wait(after, 5), Failure)
 
 
-def test_a_unit_past_its_time_limit_is_stopped():
-    background = BackgroundBuilds(1, float("inf"))
-    try:
-        ticket = background.start(Shared(4, {}), _sleep, (60,), "sleeps")
-        outcome = background.wait(ticket, 3)
-        assert isinstance(outcome, Failure) and outcome.kind == TIMED_OUT
-    finally:
-        background.close()
+def test_a_unit_past_its_time_limit_is_stopped(background):
+    ticket = background.start(Shared(4, {}), _sleep, (60,), "sleeps")
+    outcome = background.wait(ticket, 3)
+    assert isinstance(outcome, Failure) and outcome.kind == TIMED_OUT
 
 
 def _tune(tmp_path, executor, name):
