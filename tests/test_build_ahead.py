@@ -3,6 +3,7 @@ group, lowest priority) that every timed call pauses, and then in their turn as 
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -160,10 +161,10 @@ def test_a_unit_past_its_time_limit_is_stopped(background):
     assert isinstance(outcome, Failure) and outcome.kind == TIMED_OUT
 
 
-def _tune(tmp_path, executor, name):
+def _tune(tmp_path, executor, name, reuse_results=False):
     log = tmp_path / f"{name}.jsonl"
     strategy = tt.HighestThroughputStrategy([TorchEagerBackend(), BuildsLoggedBackend(str(log))], profiling=FAST,
-                                            eager_margin=0.0, screening=False, reuse_results=False)
+                                            eager_margin=0.0, screening=False, reuse_results=reuse_results)
     wrapped = tt.Module(mlp(), name=name, strategy=strategy)
     report = tt.tune(wrapped, DATA, batch_sizes=[1, 2], executor=executor)
     return [json.loads(line) for line in log.read_text().splitlines()], report.module(name).graphs[0]
@@ -190,6 +191,15 @@ def test_a_candidate_that_compiles_ahead_is_built_in_the_background_first_then_i
 
 def _senders() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "torch_tweak-background-sender"]
+
+
+def test_nothing_is_built_ahead_when_the_other_candidates_results_are_reused(tmp_path):
+    first, _ = _tune(tmp_path, "process", "reused", reuse_results=True)
+    assert first[0]["nice"] == 19
+    gc.collect()  # the tuned module's name is free again
+    again, graph = _tune(tmp_path, "process", "reused", reuse_results=True)
+    assert all(row.reused for row in graph.candidates)
+    assert all(build["nice"] == 0 for build in again[len(first):])  # no background worker: nothing to overlap
 
 
 def test_build_ahead_false_builds_each_candidate_in_its_turn_only(tmp_path):
