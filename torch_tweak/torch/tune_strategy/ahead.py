@@ -8,8 +8,9 @@ one whose turn comes last first (it has the most time to finish). Their compiled
 caches on disk; in its turn the candidate is built, checked and measured in the main worker as every candidate
 is, and its build starts from warm caches.
 
-Not built ahead: candidates whose results the result cache already has (and none at all when every other
-candidate's result is reused: there is nothing to overlap), and those a stand-in rule skips
+Not built ahead: candidates whose results the result cache already has (and none at all when the results of
+every converting candidate, OpenVINO, ONNX Runtime and eager, are reused: there is nothing to overlap), and
+those a stand-in rule skips
 whatever the others measure (TorchAO on a graph whose ``nn.Linear`` layers do almost nothing; the background
 worker decides that, as it runs the module). In a candidate's turn the strategy waits for its background build
 if that has started, drops it if it has not (the candidate is then built in its turn from scratch), and drops
@@ -91,8 +92,8 @@ def start_builds_ahead(strategy: Any, task: GraphTask, executor: Executor | None
     unbuilt = [(t, role) for t, role in strategy._templates()
                if cache is None or cache.load(cache.key(t, role)) is None]
     templates = [t for t, role in unbuilt if role != BASELINE and t.compiles_ahead()]
-    if len(templates) == len(unbuilt):  # no other build to overlap (results reused): it would only compete
-        return None
+    if not any(type(t).rebuilds_from_files for t, _ in unbuilt):  # no conversion to overlap (OpenVINO, ONNX
+        return None  # Runtime and eager results reused): a background worker would only compete with the rest
     background = executor.background() if templates else None
     if background is None:
         return None
