@@ -12,8 +12,9 @@ from torch_tweak.torch.backend import TorchAOBackend, TorchInductorAOTBackend, T
 from torch_tweak.torch.backend import available as backend_available
 from torch_tweak.torch.profiling import Measurement, SweepResult
 from torch_tweak.torch.report.report import CandidateReport
+from torch_tweak.torch.tune_strategy.linear_calls import int8_layer_slowdown, largest_linear_call, linear_share
 from torch_tweak.torch.tune_strategy.results import Evaluation
-from torch_tweak.torch.tune_strategy.stand_ins import kernel_time, linear_share
+from torch_tweak.torch.tune_strategy.stand_ins import kernel_time
 
 
 class _Task:
@@ -132,8 +133,6 @@ def test_kernel_time_times_the_matrix_multiplies_of_the_smallest_recorded_call()
 
 
 def test_largest_linear_call_counts_the_call_of_the_largest_recorded_batch() -> None:
-    from torch_tweak.torch.tune_strategy.stand_ins import largest_linear_call
-
     # Linear(8, 16) then Linear(16, 4): 8 * 16 multiply-adds per row for the larger one
     assert largest_linear_call(_RecordedTask(mlp(), {2: torch.randn(2, 8), 32: torch.randn(32, 8)})) == 32 * 8 * 16
     no_linear = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).eval()
@@ -223,3 +222,41 @@ def test_inductor_is_skipped_when_eager_kernels_alone_keep_it_below_what_screeni
     assert unscreened._stand_in_row(TorchInductorBackend(), "candidate", object(), [eager, slower]) is None
     assert "under the 0.80x" in unscreened._stand_in_row(TorchInductorBackend(), "candidate", object(),
                                                          [eager, fast]).error
+
+
+@pytest.mark.skipif(not backend_available("TorchAOBackend"), reason="needs torchao")
+def test_the_int8_probe_times_the_largest_linear_call_against_the_float_layer() -> None:
+    wide = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 64)).eval()
+    slowdown, call = int8_layer_slowdown(TorchAOBackend(), _RecordedTask(wide, {1: torch.randn(1, 256),
+                                                                                8: torch.randn(8, 256)}))
+    assert slowdown > 0.0 and call == "8x256 -> 512"  # the first layer's call at batch 8 is the larger
+    assert all(isinstance(p.data, torch.Tensor) and type(p.data) is torch.Tensor for p in wide.parameters())
+    convs = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).eval()
+    assert int8_layer_slowdown(TorchAOBackend(), _RecordedTask(convs, {1: torch.randn(1, 3, 8, 8)})) is None
+    assert int8_layer_slowdown(TorchAOBackend(), _RecordedTask(mlp(), {1: torch.randn(1, 5)})) is None  # call fails
+
+
+@pytest.mark.skipif(not backend_available("TorchAOBackend"), reason="needs torchao")
+def test_torchao_is_skipped_where_it_is_built_when_its_int8_layer_is_slower_than_float(monkeypatch) -> None:
+    from torch_tweak.torch.tune_strategy import stand_ins
+
+    # the bound is machine-dependent (int8 is 25x slower than float without VNNI, faster with it): set it here
+    monkeypatch.setattr(stand_ins, "INT8_PROBE_SLOWDOWN", 0.0)
+    wide = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)).eval()
+    strategy = tt.HighestThroughputStrategy([TorchAOBackend()])
+    report = tt.tune(tt.Module(wide, name="wide", strategy=strategy), [torch.randn(512) for _ in range(8)],
+                     batch_sizes=[1, 8], executor="inline")
+    graph = report.modules[0].graphs[0]
+    row = {c.backend: c for c in graph.candidates}["TorchAOBackend()"]
+    assert row.status == "skipped" and row.build_time_s is None
+    assert row.error.startswith("skipped: its int8 nn.Linear, timed on this graph's largest linear call (8x512 -> "
+                                "512), took ")
+    assert row.error.endswith("so quantizing can only slow the graph down; pass skip_stand_ins=False to the "
+                              "strategy to build it anyway")
+    assert graph.chosen == "TorchEagerBackend()"
+    task = _RecordedTask(wide, {8: torch.randn(8, 512)})
+    assert strategy._skipped_whatever_measured(TorchAOBackend(), task)  # a background build is not started
+    assert tt.HighestThroughputStrategy(skip_stand_ins=False)._probe_reason(TorchAOBackend(), task) is None
+    monkeypatch.setattr(stand_ins, "INT8_PROBE_SLOWDOWN", 1e9)
+    assert strategy._probe_reason(TorchAOBackend(), task) is None
+    assert not strategy._skipped_whatever_measured(TorchAOBackend(), task)

@@ -257,6 +257,18 @@ class TorchAOBackend(Backend):
             return "fp8"
         return "int4" if name.startswith("Int4") else "int8"
 
+    def quantized_copy(self, layer: nn.Module) -> nn.Module:
+        """A copy of ``layer`` (one ``nn.Linear``, say) quantized with this backend's config as its build quantizes
+        the module, uncompiled: what the strategy's stand-in rule times against the float layer
+        (``tune_strategy/stand_ins.py``). Global settings ``quantize_`` changes are restored."""
+        import_torchao()
+        from torchao.quantization import quantize_
+
+        quantized = copy.deepcopy(layer)
+        with _isolated_inductor_config({}), _quiet_torchao():
+            quantize_(quantized, self._config.torchao_config())
+        return quantized
+
     def _quantize(self) -> None:
         """Quantize a copy of the module (once); raise BuildError when the config changes no layer."""
         assert self._module is not None and self._graph_spec is not None

@@ -381,6 +381,8 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
 
     def _build_and_measure(self, template: Backend, task: GraphTask, role: str, plan: Plan,
                            cancel: threading.Event) -> tuple[Backend, SweepResult]:
+        if role != BASELINE and (skipped := self._probe_row(template, role, task)) is not None:
+            raise CandidateFailedError(skipped)  # decided where it is built: the probe times a layer
         first: list[tuple[Backend, Measurement]] = []  # screening's small end, measured before the check
         backend, row = self.try_backend(template, task, role, confirm=role == BASELINE,  # eager vs its own recording
                                         before_check=self._screen_first(task, plan, cancel, first))

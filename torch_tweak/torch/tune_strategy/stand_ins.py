@@ -10,7 +10,10 @@ tens of seconds (a ResNet-50 on 2 cores: TorchAO 39 s, Inductor 61 s, Inductor A
   saves on small matrices: when the graph's largest ``nn.Linear`` call, at the largest recorded batch, does fewer
   than :data:`INT8_MIN_LINEAR_MACS` multiply-adds, it is skipped before anything is measured (four ``Linear(K, K)``
   layers on 2 cores of an AVX-512 VNNI EPYC, compiled: 0.48-0.70x eager from 65 k to 1.6 M multiply-adds per
-  call, 1.19-3.07x from 4.2 M up; the demo's encoder, 0.4 M, spent 15-34 s building it for 0.26x).
+  call, 1.19-3.07x from 4.2 M up; the demo's encoder, 0.4 M, spent 15-34 s building it for 0.26x). Where it is
+  built (the worker; also before its background build), a copy of that largest layer quantized with its config is
+  timed against the float layer first, and TorchAO is skipped when int8 is :data:`INT8_PROBE_SLOWDOWN` times
+  slower: CPUs without int8 dot-product instructions (AVX2) run its int8 matrix multiply 25x slower than float.
 * ``TorchInductorBackend`` and ``TorchInductorAOTBackend`` compile the graph with the same compiler into the same
   kernels; they differ in per-call overhead (Dynamo's guards), which matters at small batches only. When one
   was screened out (below ``1 - screening_margin`` of the best at both screening ends, the large one included),
@@ -33,14 +36,12 @@ strategy builds every candidate.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import time
 from typing import Any
 
 import torch
-from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_tweak.torch.backend.backend import Backend
@@ -48,6 +49,11 @@ from torch_tweak.torch.module.forward import original_forward, pristine
 from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.report.status import CandidateStatus
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
+from torch_tweak.torch.tune_strategy.linear_calls import (
+    int8_layer_slowdown,
+    largest_linear_call,
+    linear_share,
+)
 from torch_tweak.torch.tune_strategy.results import BASELINE, NOISE, Evaluation
 from torch_tweak.torch.tune_strategy.screening import best_at_ends
 from torch_tweak.utils.pause import paused
@@ -59,6 +65,12 @@ LINEAR_SHARE = 0.01
 #: Below this many multiply-adds in a graph's largest ``nn.Linear`` call, TorchAO's int8 with per-call activation
 #: quantization runs slower than eager (measured from 65 k to 1.6 M; faster from 4.2 M).
 INT8_MIN_LINEAR_MACS = 2_000_000
+#: TorchAO's default int8 is skipped when its uncompiled quantized copy of the graph's largest ``nn.Linear`` call
+#: takes more than this many times as long as the float layer: compiling fuses the activation quantization around
+#: the int8 matrix multiply but calls the same int8 kernel. Without int8 dot-product instructions (AVX2, no VNNI)
+#: that kernel is slow: on 2 cores of an AVX2 EPYC a 1024x768 -> 3072 call took 28x the float one uncompiled and
+#: 27x compiled, and a BERT-base compiled by TorchAO ran at 0.04x the best candidate after 290 s of building.
+INT8_PROBE_SLOWDOWN = 4.0
 #: More than the per-call time Inductor AOT saves over Inductor JIT on the same kernels (Dynamo's guards and the
 #: Python wrapper take tens of microseconds on CPU).
 JIT_OVERHEAD_MS = 0.5
@@ -76,63 +88,6 @@ KERNEL_GAIN = NOISE
 #: Below this eager call time per-op timing is mostly Python overhead, which a compiler does remove: no bound.
 MIN_CALL_MS = 1.0
 _INDUCTOR, _AOT, _TORCHAO = "TorchInductorBackend", "TorchInductorAOTBackend", "TorchAOBackend"
-
-
-class _LinearCalls:
-    """Forward hooks on every ``nn.Linear`` of a module adding up the multiply-adds of their calls."""
-
-    def __init__(self, module: nn.Module) -> None:
-        self.layers = [m for m in module.modules() if isinstance(m, nn.Linear)]
-        self.total = 0
-        self.largest = 0
-
-    def count(self, layer: nn.Module, inputs: object, output: object) -> None:
-        if isinstance(output, torch.Tensor) and isinstance(layer, nn.Linear) and layer.out_features:
-            macs = layer.in_features * output.numel()
-            self.total += macs
-            self.largest = max(self.largest, macs)
-
-    def run(self, module: nn.Module, task: GraphTask, sample: Any, counter: Any = None) -> bool:
-        """Run ``sample`` through ``module``'s own forward with the hooks on (and ``counter`` around it); False if
-        the call failed (counting is an optimisation: a failure means "not countable")."""
-        handles = [layer.register_forward_hook(self.count) for layer in self.layers]
-        args, kwargs = sample
-        try:
-            with pristine(module), torch.no_grad(), counter or contextlib.nullcontext():
-                original_forward(module)(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001
-            logger.debug("%s: multiply-adds could not be counted: %s", describe_task(task), exc)
-            return False
-        finally:
-            for handle in handles:
-                handle.remove()
-        return True
-
-
-def linear_share(module: nn.Module, task: GraphTask) -> float | None:
-    """The share of one recorded call's multiply-adds done in ``nn.Linear`` layers (None: not countable)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    calls = _LinearCalls(module)
-    if not calls.layers:
-        return 0.0
-    counter = FlopCounterMode(display=False)
-    if not calls.run(module, task, task.data()[0], counter):
-        return None
-    total = counter.get_total_flops()
-    return min(1.0, 2 * calls.total / total) if total else None
-
-
-def largest_linear_call(task: GraphTask) -> int | None:
-    """The multiply-adds of the largest ``nn.Linear`` call in the recorded call of the largest batch (0: the graph
-    has no linear layer; None: not countable)."""
-    calls = _LinearCalls(task.module)
-    if not calls.layers:
-        return 0
-    if not task.samples:
-        return None
-    largest = max(task.samples, key=lambda s: s.batch_size or 0)
-    return calls.largest if calls.run(task.module, task, copy.deepcopy(largest.sample)) else None
 
 
 class StandIns:
@@ -173,23 +128,38 @@ class StandIns:
                           f"candidate's throughput (under 1/{NOISE:g})")
             else:
                 reason = self._kernel_bound_reason(task, evaluations)
-        if reason is None:
+        return None if reason is None else skipped_row(template, role, reason)
+
+    def _probe_row(self, template: Backend, role: str, task: GraphTask) -> CandidateReport | None:
+        """The ``skipped`` row of TorchAO's default when its int8 layer, timed where the candidate is built (a
+        worker), runs :data:`INT8_PROBE_SLOWDOWN` times slower than the float one (None: build it)."""
+        reason = self._probe_reason(template, task)
+        return None if reason is None else skipped_row(template, role, reason)
+
+    def _probe_reason(self, template: Backend, task: GraphTask) -> str | None:
+        if not self.skip_stand_ins or template.key() != _default_key(_TORCHAO):
             return None
-        row = CandidateReport(backend=template.describe(), key=template.key(), role=role,
-                              status=CandidateStatus.SKIPPED)
-        row.error = f"skipped: {reason}; pass skip_stand_ins=False to the strategy to build it anyway"
-        return row
+        probed = int8_layer_slowdown(template, task)
+        if probed is None or probed[0] <= INT8_PROBE_SLOWDOWN:
+            return None
+        return (f"its int8 nn.Linear, timed on this graph's largest linear call ({probed[1]}), took {probed[0]:.1f}x "
+                f"as long as the float layer (over {INT8_PROBE_SLOWDOWN:g}x: this CPU's int8 matrix multiply is slow, "
+                "and compiling calls the same kernel), so quantizing can only slow the graph down")
 
     def _skipped_whatever_measured(self, template: Backend, task: GraphTask) -> bool:
         """Whether a rule above skips ``template`` in its turn whatever the other candidates measure: TorchAO's
-        default on a graph whose ``nn.Linear`` layers do too little (its background build would be wasted)."""
+        default on a graph whose ``nn.Linear`` layers do too little, or whose int8 layer is slow here (its
+        background build would be wasted)."""
         if not self.skip_stand_ins or template.key() != _default_key(_TORCHAO):
             return False
         share = linear_share(task.module, task)  # the rule waits for Inductor's measurement (without one, TorchAO
         if share is not None and share < LINEAR_SHARE:  # is built in its turn: only the head start is lost)
             return True
         macs = largest_linear_call(task)
-        return macs is not None and 0 < macs < INT8_MIN_LINEAR_MACS
+        if macs is not None and 0 < macs < INT8_MIN_LINEAR_MACS:
+            return True
+        return self._probe_reason(template, task) is not None
+
 
     def _kernel_bound_reason(self: Any, task: GraphTask, evaluations: list[Evaluation]) -> str | None:
         """Why Inductor cannot come close enough to the best candidate to be kept (None: it might)."""
@@ -227,6 +197,13 @@ class StandIns:
                 f"{share:.0%} of an eager call at batch {batch} ({at.p50_ms:.1f} ms measured); even with those {KERNEL_GAIN:g}x "
                 f"faster and all else free it would reach at most {shown} of the best candidate's throughput, "
                 f"under the {keep:.2f}x it needs to be kept")
+
+
+def skipped_row(template: Backend, role: str, reason: str) -> CandidateReport:
+    """The ``skipped`` row of a candidate a stand-in rule skips for ``reason``."""
+    row = CandidateReport(backend=template.describe(), key=template.key(), role=role, status=CandidateStatus.SKIPPED)
+    row.error = f"skipped: {reason}; pass skip_stand_ins=False to the strategy to build it anyway"
+    return row
 
 
 def _inductor_tuned_globally() -> bool:

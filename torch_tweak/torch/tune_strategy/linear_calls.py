@@ -1,0 +1,129 @@
+"""What a graph's ``nn.Linear`` layers do: their share of its multiply-adds, its largest call, and that call timed in
+int8 against float. The stand-in rules for TorchAO (``stand_ins.py``) decide with these; they run the module's own
+forward on recorded calls, so they run where the module is (the tuning process, a worker).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import statistics
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.torch.module.forward import original_forward, pristine
+from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
+from torch_tweak.utils.pause import paused
+
+logger = logging.getLogger(__name__)
+
+#: Calls and seconds (at least) each layer of the int8 probe is timed for.
+PROBE_CALLS = 3
+PROBE_S = 0.2
+
+
+class _LinearCalls:
+    """Forward hooks on every ``nn.Linear`` of a module adding up the multiply-adds of their calls."""
+
+    def __init__(self, module: nn.Module, keep_input: bool = False) -> None:
+        self.layers = [m for m in module.modules() if isinstance(m, nn.Linear)]
+        self.total = 0
+        self.largest = 0
+        self.keep_input = keep_input
+        #: With ``keep_input``: the layer of the largest call and a copy of that call's input.
+        self.largest_call: tuple[nn.Linear, torch.Tensor] | None = None
+
+    def count(self, layer: nn.Module, inputs: tuple[Any, ...], output: object) -> None:
+        if isinstance(output, torch.Tensor) and isinstance(layer, nn.Linear) and layer.out_features:
+            macs = layer.in_features * output.numel()
+            self.total += macs
+            if macs > self.largest and self.keep_input and inputs and isinstance(inputs[0], torch.Tensor):
+                self.largest_call = (layer, inputs[0].detach().clone())
+            self.largest = max(self.largest, macs)
+
+    def run(self, module: nn.Module, task: GraphTask, sample: Any, counter: Any = None) -> bool:
+        """Run ``sample`` through ``module``'s own forward with the hooks on (and ``counter`` around it); False if
+        the call failed (counting is an optimisation: a failure means "not countable")."""
+        handles = [layer.register_forward_hook(self.count) for layer in self.layers]
+        args, kwargs = sample
+        try:
+            with pristine(module), torch.no_grad(), counter or contextlib.nullcontext():
+                original_forward(module)(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001
+            logger.debug("%s: multiply-adds could not be counted: %s", describe_task(task), exc)
+            return False
+        finally:
+            for handle in handles:
+                handle.remove()
+        return True
+
+
+def linear_share(module: nn.Module, task: GraphTask) -> float | None:
+    """The share of one recorded call's multiply-adds done in ``nn.Linear`` layers (None: not countable)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    calls = _LinearCalls(module)
+    if not calls.layers:
+        return 0.0
+    counter = FlopCounterMode(display=False)
+    if not calls.run(module, task, task.data()[0], counter):
+        return None
+    total = counter.get_total_flops()
+    return min(1.0, 2 * calls.total / total) if total else None
+
+
+def _largest_batch_calls(task: GraphTask, keep_input: bool = False) -> _LinearCalls | None:
+    """The ``nn.Linear`` calls of the recorded call of the largest batch, counted (None: not countable)."""
+    calls = _LinearCalls(task.module, keep_input)
+    if not calls.layers:
+        return calls
+    if not task.samples:
+        return None
+    largest = max(task.samples, key=lambda s: s.batch_size or 0)
+    return calls if calls.run(task.module, task, copy.deepcopy(largest.sample)) else None
+
+
+def largest_linear_call(task: GraphTask) -> int | None:
+    """The multiply-adds of the largest ``nn.Linear`` call in the recorded call of the largest batch (0: the graph
+    has no linear layer; None: not countable)."""
+    calls = _largest_batch_calls(task)
+    return None if calls is None else calls.largest
+
+
+def int8_layer_slowdown(template: Backend, task: GraphTask) -> tuple[float, str] | None:
+    """How many times longer ``template``'s quantized copy (TorchAO's ``quantized_copy``) of the graph's largest
+    ``nn.Linear`` call takes than the float layer, both uncompiled and timed in turns on that call's recorded input
+    (``stand_ins.INT8_PROBE_SLOWDOWN``), with the call's shape (None: no such call, not a CPU graph, or it failed)."""
+    calls = _largest_batch_calls(task, keep_input=True) if task.device.type == "cpu" else None
+    if calls is None or calls.largest_call is None:
+        return None
+    layer, activation = calls.largest_call
+    try:
+        with pristine(task.module):
+            quantized = template.quantized_copy(layer)  # type: ignore[attr-defined]
+            float_ms, quantized_ms = _timed_in_turns(layer, quantized, activation)
+    except Exception as exc:  # noqa: BLE001 - the probe is an optimisation: any failure means "build it"
+        logger.debug("%s: the int8 layer could not be timed: %s", describe_task(task), exc)
+        return None
+    shape = "x".join(str(d) for d in activation.shape)
+    return quantized_ms / max(float_ms, 1e-6), f"{shape} -> {layer.out_features}"
+
+
+def _timed_in_turns(first: nn.Module, second: nn.Module, x: torch.Tensor) -> tuple[float, float]:
+    """Median milliseconds of ``first(x)`` and ``second(x)``, called in turns (a busy machine slows both alike)
+    for at least :data:`PROBE_CALLS` calls each and :data:`PROBE_S` seconds, with background builds paused."""
+    times: tuple[list[float], list[float]] = ([], [])
+    with torch.no_grad(), paused():
+        first(x), second(x)  # warm-up
+        start = time.perf_counter()
+        while len(times[0]) < PROBE_CALLS or time.perf_counter() - start < PROBE_S:
+            for layer, spent in zip((first, second), times):
+                began = time.perf_counter()
+                layer(x)
+                spent.append((time.perf_counter() - began) * 1000.0)
+    return statistics.median(times[0]), statistics.median(times[1])
