@@ -214,7 +214,10 @@ class IsolatedCandidates:
         row.worker = outcome.worker
         task.report.candidates.append(row)
         if sweep is None:
-            logger.info("%s: %s %s: %s", describe_task(task), row.backend, row.status, row.error)
+            said = str(row.error)  # "skipped: ..." and "screened out: ..." already say the status
+            status = str(getattr(row.status, "value", row.status))
+            shown = said if said.startswith(status.replace("_", " ")) else f"{status}: {said}"
+            logger.info("%s: %s %s", describe_task(task), row.backend, shown)
             return Evaluation(role, row)
         pick = self._pick(sweep)  # type: ignore[attr-defined]
         row.measurements = sweep.to_dict()

@@ -74,6 +74,11 @@ INT8_PROBE_SLOWDOWN = 4.0
 #: More than the per-call time Inductor AOT saves over Inductor JIT on the same kernels (Dynamo's guards and the
 #: Python wrapper take tens of microseconds on CPU).
 JIT_OVERHEAD_MS = 0.5
+#: Inductor AOT is built only if dropping :data:`JIT_OVERHEAD_MS` could make Inductor JIT's measured calls this much
+#: faster at some batch size (calls of 25 ms and more: not): a smaller difference is within what re-measuring the
+#: same candidate moves. A BERT-base on 2 cores of an AVX2 EPYC (JIT 0.57-1.16 s per call) spent 60 s building and
+#: measuring its AOT twin for 7.02/s against JIT's 6.90/s.
+AOT_MIN_GAIN = 1.02
 #: The aten ops (as a dispatch mode sees them) whose kernels Inductor's default CPU compile calls as eager does.
 HEAVY_KERNELS = frozenset({
     "mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "convolution", "_convolution", "mkldnn_rnn_layer",
@@ -126,6 +131,12 @@ class StandIns:
                 reason = (f"it compiles the graph into the same kernels as {sibling.row.backend}, which even without "
                           f"{JIT_OVERHEAD_MS:g} ms of per-call overhead would reach only {lag} of the best "
                           f"candidate's throughput (under 1/{NOISE:g})")
+            elif sibling is not None and name == _AOT and (gain := aot_gain(sibling)) is not None \
+                    and gain < AOT_MIN_GAIN:
+                shortest = min(m.p50_ms for m in sibling.sweep.measurements)  # type: ignore[union-attr]
+                reason = (f"it compiles the graph into the same kernels as {sibling.row.backend}, whose calls took "
+                          f"{shortest:,.1f} ms or more: without its {JIT_OVERHEAD_MS:g} ms of per-call overhead they "
+                          f"would run at most {gain:.3f}x as fast, which no re-measurement tells apart")
             else:
                 reason = self._kernel_bound_reason(task, evaluations)
         return None if reason is None else skipped_row(template, role, reason)
@@ -251,6 +262,17 @@ class _KernelTimer(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         self.seconds += time.perf_counter() - start
         return out
+
+
+def aot_gain(jit: Evaluation) -> float | None:
+    """The most Inductor AOT could gain over Inductor JIT (``jit``, measured) at any batch size JIT was measured at
+    by dropping :data:`JIT_OVERHEAD_MS` per call (None: not measured, or calls no longer than that overhead)."""
+    if jit.sweep is None or not jit.sweep.measurements:
+        return None
+    calls = [m.p50_ms for m in jit.sweep.measurements]
+    if min(calls) <= JIT_OVERHEAD_MS:
+        return None
+    return max(ms / (ms - JIT_OVERHEAD_MS) for ms in calls)
 
 
 def aot_lag(jit: Evaluation, evaluations: list[Evaluation]) -> str | None:
