@@ -7,6 +7,7 @@ import gc
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -210,3 +211,49 @@ def test_build_ahead_false_builds_each_candidate_in_its_turn_only(tmp_path):
 def test_build_ahead_is_validated():
     with pytest.raises(ConfigError, match="build_ahead must be True or False"):
         ProcessExecutor(build_ahead="yes")
+
+
+def _spawn_helper(context):
+    """Start a helper in the worker's process group, as a compiler does (``g++``), and return its id."""
+    return subprocess.Popen(["sleep", "600"]).pid
+
+
+_TUNING_PROCESS = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from torch_tweak.torch.executor.background import BackgroundBuilds
+from torch_tweak.torch.executor.base import Shared
+from test_build_ahead import _spawn_helper
+
+if __name__ == "__main__":
+    builds = BackgroundBuilds(1, float("inf"))
+    helper = builds.wait(builds.start(Shared(9, {{}}), _spawn_helper, (), "helper"), 120).value
+    print(helper, *builds.group, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_background_group_dies_with_the_tuning_process_killed_by_sigkill(tmp_path):
+    script = tmp_path / "tuning.py"
+    script.write_text(_TUNING_PROCESS.format(tests=str(Path(__file__).parent)))
+    tuning = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    helper = None
+    try:
+        helper, pgid, start = (int(v) for v in tuning.stdout.readline().split())
+        assert os.getpgid(helper) == pgid and _state(helper) in "RS"
+        tuning.kill()  # kill -9: nothing in it runs again, so nothing there continues or kills the group
+        tuning.wait()
+        deadline = time.monotonic() + 30
+        while pause.start_time(pgid) == start and time.monotonic() < deadline:  # the worker dies with it
+            time.sleep(0.05)
+        try:  # a measurement's pause that came too late (the main worker dies with the tuning process too): the
+            os.killpg(pgid, signal.SIGSTOP)  # system continues an orphaned group stopped before, never after
+        except ProcessLookupError:
+            pass  # the group is gone already
+        while os.path.exists(f"/proc/{helper}") and _state(helper) not in "ZX" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not os.path.exists(f"/proc/{helper}") or _state(helper) in "ZX"  # killed, not left stopped
+    finally:
+        tuning.kill()
+        if helper is not None and os.path.exists(f"/proc/{helper}") and _state(helper) not in "ZX":
+            os.kill(helper, signal.SIGKILL)

@@ -23,18 +23,36 @@ from collections.abc import Iterable, Iterator
 _held: set[tuple[int, int]] = set()
 
 
-def start_time(pid: int) -> int | None:
-    """The start time of process ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22), or None if
-    there is no such process or no ``/proc``."""
+def _stat(pid: int | str) -> tuple[int, int] | None:
+    """``(process group, start time)`` of process ``pid`` (``/proc/<pid>/stat`` fields 5 and 22, the start time in
+    clock ticks since boot), or None if there is no such process or no ``/proc``."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
             text = stat.read()
     except OSError:
         return None
     try:  # the command name (field 2) is in parentheses and may hold spaces: count fields after its ")"
-        return int(text[text.rindex(")") + 2:].split()[19])
+        fields = text[text.rindex(")") + 2:].split()
+        return int(fields[2]), int(fields[19])
     except (ValueError, IndexError):
         return None
+
+
+def start_time(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks since boot, or None if there is no such process."""
+    stat = _stat(pid)
+    return None if stat is None else stat[1]
+
+
+def members(group: tuple[int, int]) -> list[int]:
+    """The processes of ``group`` that started no earlier than its leader (its leader too, while it runs)."""
+    pgid, start = group
+    found = []
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        stat = _stat(name) if name.isdigit() else None
+        if stat is not None and stat[0] == pgid and stat[1] >= start:
+            found.append(int(name))
+    return found
 
 
 def hold(groups: Iterable[tuple[int, int]]) -> None:

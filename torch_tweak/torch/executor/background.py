@@ -12,7 +12,9 @@ only the cores the other work leaves idle; every timed call of the tuning pauses
 (``utils/pause.py``). Units are sent one at a time, so one that is no longer wanted can be dropped before it
 starts; a running one is dropped by killing the worker, and so are the units queued after it (one worker per
 graph: the measuring processes pause its group only). A unit that fails, crashes or runs out of time only loses
-its head start: the strategy builds the candidate in its turn as usual.
+its head start: the strategy builds the candidate in its turn as usual. A watcher process
+(``utils/group_guard.py``) kills the group when the tuning process dies, even by ``kill -9``: the compiler's
+helpers do not die with the worker, and a group paused at that moment would otherwise stay stopped.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 from torch_tweak.torch.executor._spawned import POLL_S, Worker, describe_exit, resident_bytes
 from torch_tweak.torch.executor._stream import send_pickle
 from torch_tweak.torch.executor.base import CRASHED, ERROR, OUT_OF_MEMORY, TIMED_OUT, Done, Failure, Outcome, Shared
+from torch_tweak.utils.group_guard import GroupGuard
 from torch_tweak.utils.pause import signal_group, start_time
 
 logger = logging.getLogger(__name__)
@@ -62,6 +65,7 @@ class BackgroundBuilds:
         self._outcomes: dict[int, Outcome] = {}
         self._tickets = itertools.count(1)
         self._gone: str | None = None  # why the one worker is gone (a replacement would not be in a paused group)
+        self._guard: GroupGuard | None = None
 
     @property
     def group(self) -> tuple[int, int] | None:
@@ -152,6 +156,8 @@ class BackgroundBuilds:
         if self._worker is None:
             self._worker = Worker(self._num_threads, background=True)
             self._sender = _Sender(self._worker)
+            group = self.group
+            self._guard = GroupGuard(group) if group is not None else None  # kills the group if this process dies
         assert self._sender is not None
         self._running = unit
         self._sender.put(unit)
@@ -170,6 +176,7 @@ class BackgroundBuilds:
 
     def _kill(self) -> None:
         worker, sender, self._worker, self._sender = self._worker, self._sender, None, None
+        guard, self._guard = self._guard, None
         if sender is not None:
             sender.put(None)  # its thread ends
         if worker is None:
@@ -180,6 +187,8 @@ class BackgroundBuilds:
         if pid and start is not None:
             signal_group((pid, start), signal.SIGKILL)  # the compiler's helper processes go with it
         worker.kill()
+        if guard is not None:  # and those left when the worker was gone already (it crashed, or was killed)
+            guard.close()
 
 
 class _Sender:
