@@ -268,3 +268,20 @@ def test_torchao_is_skipped_where_it_is_built_when_its_int8_layer_is_slower_than
     monkeypatch.setattr(stand_ins, "INT8_PROBE_SLOWDOWN", 1e9)
     assert strategy._probe_reason(TorchAOBackend(), task) is None
     assert not strategy._skipped_whatever_measured(TorchAOBackend(), task)
+
+
+@pytest.mark.skipif(not backend_available("TorchAOBackend"), reason="needs torchao")
+def test_quantizing_leaves_the_process_matmul_precision_as_it_was() -> None:
+    # Inductor's compiled-graph cache keys on these: a change made every later Inductor build in the process miss
+    fields = (torch.backends.mkldnn.matmul, torch.backends.cuda.matmul)
+    for precision in (None, "high"):  # as the process has it (a fresh one: "none" fields), then one set
+        previous = torch.get_float32_matmul_precision()
+        if precision is not None:
+            torch.set_float32_matmul_precision(precision)
+        try:
+            before = [torch.get_float32_matmul_precision(), *(f.fp32_precision for f in fields)]
+            TorchAOBackend().quantized_copy(torch.nn.Linear(16, 16))
+            assert [torch.get_float32_matmul_precision(), *(f.fp32_precision for f in fields)] == before
+        finally:
+            if precision is not None:
+                torch.set_float32_matmul_precision(previous)

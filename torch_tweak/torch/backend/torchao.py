@@ -207,7 +207,7 @@ def _isolated_inductor_config(changes: dict[str, Any]) -> Any:
     from torch._inductor import config as inductor_config
 
     before = inductor_config.get_config_copy()
-    precision = torch.get_float32_matmul_precision()
+    precisions = _matmul_precisions()
     try:
         yield
     finally:
@@ -215,7 +215,36 @@ def _isolated_inductor_config(changes: dict[str, Any]) -> Any:
         changes.update({k: v for k, v in after.items() if k in before and before[k] != v})
         if changes:
             inductor_config.load_config({k: before[k] for k in changes})
-        torch.set_float32_matmul_precision(precision)
+        _restore_matmul_precisions(precisions)
+
+
+#: Where torch keeps float32 matmul precision (``set_float32_matmul_precision`` sets the backends' fields too).
+_PRECISION_FIELDS = ("mkldnn.matmul", "cuda.matmul")
+
+
+def _matmul_precisions() -> dict[str, str]:
+    """The float32 matmul precision and the per-backend ``fp32_precision`` fields this torch has."""
+    found = {"": torch.get_float32_matmul_precision()}
+    for name in _PRECISION_FIELDS:
+        backend, _, op = name.partition(".")
+        holder = getattr(getattr(torch.backends, backend, None), op, None)
+        if holder is not None and hasattr(holder, "fp32_precision"):
+            found[name] = holder.fp32_precision
+    return found
+
+
+def _restore_matmul_precisions(saved: dict[str, str]) -> None:
+    """Put back what :func:`_matmul_precisions` saved, only where it changed: setting the precision again is not a
+    no-op (``set_float32_matmul_precision("highest")`` turns the backends' ``"none"`` into ``"ieee"``, and Inductor's
+    compiled-graph cache keys on them: a TorchAO build made every later Inductor build in the process miss the cache)."""
+    if _matmul_precisions() == saved:
+        return
+    if torch.get_float32_matmul_precision() != saved[""]:
+        torch.set_float32_matmul_precision(saved[""])
+    for name, value in saved.items():
+        if name:
+            backend, _, op = name.partition(".")
+            getattr(getattr(torch.backends, backend), op).fp32_precision = value
 
 
 def _layer_types(module: nn.Module) -> dict[str, type]:
