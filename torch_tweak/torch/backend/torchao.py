@@ -31,6 +31,7 @@ from torch_tweak.errors import BackendUnavailableError, BuildError, ConfigError,
 from torch_tweak.torch.backend import _warm_package
 from torch_tweak.torch.backend._compile_helpers import build_failure, warm_up, watch_recompile_limit
 from torch_tweak.torch.backend._inductor_options import times_kernels
+from torch_tweak.torch.backend._isolated_settings import isolated_inductor_config
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec
@@ -201,52 +202,6 @@ class TorchAOBackendConfig(BackendConfig):
         return "" if self.quantization == DEFAULT_PRESET else f"quantization={self.quantization}"
 
 
-@contextlib.contextmanager
-def _isolated_inductor_config(changes: dict[str, Any]) -> Any:
-    """Undo global Inductor/matmul settings made inside the block; record the Inductor ones in ``changes``."""
-    from torch._inductor import config as inductor_config
-
-    before = inductor_config.get_config_copy()
-    precisions = _matmul_precisions()
-    try:
-        yield
-    finally:
-        after = inductor_config.get_config_copy()
-        changes.update({k: v for k, v in after.items() if k in before and before[k] != v})
-        if changes:
-            inductor_config.load_config({k: before[k] for k in changes})
-        _restore_matmul_precisions(precisions)
-
-
-#: Where torch keeps float32 matmul precision (``set_float32_matmul_precision`` sets the backends' fields too).
-_PRECISION_FIELDS = ("mkldnn.matmul", "cuda.matmul")
-
-
-def _matmul_precisions() -> dict[str, str]:
-    """The float32 matmul precision and the per-backend ``fp32_precision`` fields this torch has."""
-    found = {"": torch.get_float32_matmul_precision()}
-    for name in _PRECISION_FIELDS:
-        backend, _, op = name.partition(".")
-        holder = getattr(getattr(torch.backends, backend, None), op, None)
-        if holder is not None and hasattr(holder, "fp32_precision"):
-            found[name] = holder.fp32_precision
-    return found
-
-
-def _restore_matmul_precisions(saved: dict[str, str]) -> None:
-    """Put back what :func:`_matmul_precisions` saved, only where it changed: setting the precision again is not a
-    no-op (``set_float32_matmul_precision("highest")`` turns the backends' ``"none"`` into ``"ieee"``, and Inductor's
-    compiled-graph cache keys on them: a TorchAO build made every later Inductor build in the process miss the cache)."""
-    if _matmul_precisions() == saved:
-        return
-    if torch.get_float32_matmul_precision() != saved[""]:
-        torch.set_float32_matmul_precision(saved[""])
-    for name, value in saved.items():
-        if name:
-            backend, _, op = name.partition(".")
-            getattr(getattr(torch.backends, backend), op).fp32_precision = value
-
-
 def _layer_types(module: nn.Module) -> dict[str, type]:
     types = {f"module:{name}": type(m) for name, m in module.named_modules()}
     types.update({f"param:{name}": type(p) for name, p in module.named_parameters()})
@@ -294,7 +249,7 @@ class TorchAOBackend(Backend):
         from torchao.quantization import quantize_
 
         quantized = copy.deepcopy(layer)
-        with _isolated_inductor_config({}), _quiet_torchao():
+        with isolated_inductor_config({}), _quiet_torchao():
             quantize_(quantized, self._config.torchao_config())
         return quantized
 
@@ -312,7 +267,7 @@ class TorchAOBackend(Backend):
         before = _layer_types(quantized)
         options: dict[str, Any] = {}
         try:
-            with _isolated_inductor_config(options):
+            with isolated_inductor_config(options):
                 quantize_(quantized, ao_config, device=self._device)
         except Exception as exc:
             hint = ""

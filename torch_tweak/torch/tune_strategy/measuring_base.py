@@ -56,6 +56,7 @@ from torch_tweak.torch.tune_strategy.base import (
     release_quietly,
 )
 from torch_tweak.torch.tune_strategy.batch_search import search_if_enabled
+from torch_tweak.torch.tune_strategy.eager_gate import EagerGate
 from torch_tweak.torch.tune_strategy.isolated import IsolatedCandidates
 from torch_tweak.torch.tune_strategy.mixed_routes import MixedRoutes
 from torch_tweak.torch.tune_strategy.result_cache import ResultCache, ReusedResults
@@ -77,7 +78,8 @@ from torch_tweak.utils.validate import check_bool, check_int, check_positive
 logger = logging.getLogger(__name__)
 
 
-class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, MixedRoutes, StandIns, TuneStrategy):
+class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, MixedRoutes, StandIns, EagerGate,
+                        TuneStrategy):
     """Base of the strategies that measure: candidates, eager baseline, eager gate, time limit, batch search.
 
     Args:
@@ -323,32 +325,6 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
         for evaluation in evaluations:
             if evaluation.role != BASELINE and evaluation.backend is not None and all(evaluation is not k for k in keep):
                 release_quietly(evaluation.backend)
-
-    def _choose(self, task: GraphTask, evaluations: list[Evaluation], best: Evaluation | None) -> tuple[Evaluation, str]:
-        eager = evaluations[0]
-        margin = 1.0 + self.eager_margin
-        if best is None and eager.pick is None:
-            raise self._nothing_qualifies(task, evaluations)
-        if best is None:
-            assert eager.pick is not None
-            if len(evaluations) == 1:
-                return eager, f"eager was the only candidate: {self._describe_pick(eager.pick)}"
-            others = "; ".join(f"{e.row.backend}: {e.row.error or 'does not qualify'}" for e in evaluations[1:])
-            return eager, f"no other candidate qualified ({others}); eager stays with {self._describe_pick(eager.pick)}"
-        assert best.pick is not None
-        if eager.backend is None and not eager.reused:
-            return best, (f"{self._describe_pick(best.pick)}; the eager baseline failed ({eager.row.error}), so "
-                          "the eager gate could not be applied")
-        if eager.pick is None:
-            return best, f"{self._describe_pick(best.pick)}; eager does not qualify, so the eager gate does not apply"
-        ratio = self._speedup(best.pick, eager.pick)
-        if ratio >= margin:
-            return best, (f"{self._describe_pick(best.pick)}, {ratio:.2f}x eager's {self.metric_name} "
-                          f"(the eager gate needs >= {margin:.2f}x)")
-        return eager, (f"eager gate: the best candidate {best.row.backend} reached only {ratio:.2f}x eager's "
-                       f"{self.metric_name} ({self._describe_pick(best.pick)} vs eager "
-                       f"{self._describe_pick(eager.pick)}), below the {margin:.2f}x required "
-                       f"(eager_margin={self.eager_margin}); eager stays")
 
     def _evaluate(self, template: Backend, task: GraphTask, role: str, plan: Plan) -> Evaluation:
         private = dataclasses.replace(task, report=GraphReport(name=task.report.name))

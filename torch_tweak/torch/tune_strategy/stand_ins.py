@@ -117,11 +117,8 @@ class StandIns:
             if inductor is not None and share is not None and share < LINEAR_SHARE:
                 reason = (f"it quantizes nn.Linear layers only, which do {share:.2%} of this graph's multiply-adds, "
                           f"and compiles the rest like {inductor.row.backend}, measured above")
-            elif template.key() == _default_key(_TORCHAO) and (macs := largest_linear_call(task)) is not None \
-                    and 0 < macs < INT8_MIN_LINEAR_MACS:
-                reason = (f"its int8 quantizes every call's activations, which costs more than int8 saves on matrices "
-                          f"this small: the largest nn.Linear call of the largest recorded batch does {macs:,} "
-                          f"multiply-adds, under {INT8_MIN_LINEAR_MACS:,}")
+            elif template.key() == _default_key(_TORCHAO):
+                reason = _small_matrices_reason(task)
         elif name in (_INDUCTOR, _AOT) and template.key() == _default_key(name):
             sibling = measured.get(_default_key(_AOT if name == _INDUCTOR else _INDUCTOR))
             if sibling is not None and sibling.row.status == CandidateStatus.SCREENED_OUT:
@@ -166,11 +163,7 @@ class StandIns:
         share = linear_share(task.module, task)  # the rule waits for Inductor's measurement (without one, TorchAO
         if share is not None and share < LINEAR_SHARE:  # is built in its turn: only the head start is lost)
             return True
-        macs = largest_linear_call(task)
-        if macs is not None and 0 < macs < INT8_MIN_LINEAR_MACS:
-            return True
-        return self._probe_reason(template, task) is not None
-
+        return _small_matrices_reason(task) is not None or self._probe_reason(template, task) is not None
 
     def _kernel_bound_reason(self: Any, task: GraphTask, evaluations: list[Evaluation]) -> str | None:
         """Why Inductor cannot come close enough to the best candidate to be kept (None: it might)."""
@@ -208,6 +201,16 @@ class StandIns:
                 f"{share:.0%} of an eager call at batch {batch} ({at.p50_ms:.1f} ms measured); even with those {KERNEL_GAIN:g}x "
                 f"faster and all else free it would reach at most {shown} of the best candidate's throughput, "
                 f"under the {keep:.2f}x it needs to be kept")
+
+
+def _small_matrices_reason(task: GraphTask) -> str | None:
+    """Why TorchAO's default int8 cannot pay off on this graph's matrices (None: they are large enough, or none)."""
+    macs = largest_linear_call(task)
+    if macs is None or not 0 < macs < INT8_MIN_LINEAR_MACS:
+        return None
+    return (f"its int8 quantizes every call's activations, which costs more than int8 saves on matrices this small: "
+            f"the largest nn.Linear call of the largest recorded batch does {macs:,} multiply-adds, under "
+            f"{INT8_MIN_LINEAR_MACS:,}")
 
 
 def skipped_row(template: Backend, role: str, reason: str) -> CandidateReport:
