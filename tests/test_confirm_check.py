@@ -1,6 +1,6 @@
 """Confirming checks (torch_tweak/torch/tune_strategy/base.py, result_cache.py): a build whose outputs were judged
-before (the eager baseline against its own recordings, a reused or worker-measured candidate built again to serve)
-is judged on the in-memory call of the smallest batch, and on every recorded call only when that one does not pass;
+before (the eager baseline against its own recordings, a reused or worker-measured candidate built again to serve,
+a twin of a judged candidate: the same artifact scheduled differently, ``Backend.outputs_key``) is judged on the in-memory call of the smallest batch, and on every recorded call only when that one does not pass;
 a rebuilt candidate keeps the judged build's non-finite probe outcome instead of probing again.
 
 Each dataset item is tagged by its value (item ``i`` is ``full(i)``), so the task metric shows which recorded calls
@@ -18,6 +18,7 @@ from torch import nn
 import torch_tweak.torch as tt
 from torch_tweak.torch.fidelity import FidelityConfig
 from torch_tweak.torch.profiling import ProfilingConfig
+from torch_tweak.torch.report.metrics import format_fidelity
 from torch_tweak.torch.testing import FakeClock, TimedBackend
 
 JUDGED: list[tuple[float, ...]] = []  # the tags of each call the task metric saw, in order
@@ -128,3 +129,54 @@ def test_when_the_in_memory_samples_fail_a_pooled_metric_every_call_is_judged(cl
     third, graph = tune(clock, fidelity, Flipping(clock, ms_per_call=0.5))
     assert third["candidate"].status == "rejected" and "top1" in third["candidate"].error
     assert graph.chosen == third["baseline"].backend
+
+
+class Twin(TimedBackend):
+    """Eager outputs under one outputs key (the same artifact scheduled differently); label ``wrong`` breaks that
+    promise and swaps every row's scores."""
+
+    def outputs_key(self) -> str | None:
+        return "Twin_same_outputs"
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        out = super()._infer(*args, **kwargs)
+        return out.flip(1) if self.timing.label == "wrong" else out
+
+
+def tune_twins(clock: FakeClock, second: str) -> list[Any]:
+    strategy = tt.HighestThroughputStrategy(
+        [Twin(clock, ms_per_call=0.5, label="first"), Twin(clock, ms_per_call=0.4, label=second)],
+        profiling=ProfilingConfig(clock=clock, pause_s=0, min_time_s=0), baseline=TimedBackend(clock, ms_per_call=1.0),
+        fidelity=FidelityConfig(metric=recording_metric, threshold=0.99))
+    report = tt.tune(tt.Module(Scores(), strategy=strategy), tagged(64), batch_sizes=[1, 2], executor="inline",
+                     ignore_failing_modules=False)
+    return [row for row in report.modules[0].graphs[0].candidates if row.role == "candidate"]
+
+
+def test_a_twin_of_a_judged_candidate_is_confirmed_on_its_smallest_call(clock: FakeClock) -> None:
+    first, second = tune_twins(clock, "second")
+    held_out = first.fidelity["held_out_samples"]
+    assert first.fidelity["samples"] == 2 + held_out and first.fidelity["judged_with"] is None
+    assert JUDGED[1 + first.fidelity["samples"]:] == SMALLEST  # after the baseline's call and the first's check
+    assert (second.fidelity["samples"], second.fidelity["judged_with"]) == (1, first.backend)
+    assert second.status == "chosen"
+    assert format_fidelity(second).endswith(f"; 1 call like {first.backend})")
+
+
+def test_a_twin_that_differs_on_its_confirming_call_is_judged_on_every_call(clock: FakeClock) -> None:
+    first, second = tune_twins(clock, "wrong")
+    assert first.status == "chosen" and second.status == "rejected" and "FidelityError" in second.error
+    assert JUDGED[-2:] == [*SMALLEST, IN_MEMORY[0]]  # its confirming call failed: the full check began again
+    assert second.fidelity["judged_with"] is None
+
+
+def test_openvino_configurations_that_differ_only_in_their_hint_share_an_outputs_key() -> None:
+    from torch_tweak.torch.backend import OpenVINOBackend, OpenVINOBackendConfig, TorchInductorBackend
+
+    def key(**fields: Any) -> str | None:
+        return OpenVINOBackend(OpenVINOBackendConfig(**fields)).outputs_key()
+
+    assert key() == key(performance_hint="THROUGHPUT") is not None
+    assert key(quantization="int8") == key(quantization="int8", performance_hint="THROUGHPUT") != key()
+    assert key(inference_precision="f32") != key()
+    assert TorchInductorBackend().outputs_key() is None and TimedBackend(FakeClock()).outputs_key() is None

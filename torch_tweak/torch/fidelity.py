@@ -169,6 +169,8 @@ class FidelityResult:
     ``non_finite`` holds the non-finite probes (empty when they did not run). ``samples`` is the number of
     recorded calls judged and ``held_out_samples`` how many of them were held out from calibration (calls kept
     on disk that neither calibrated a candidate nor were among the in-memory samples); the strategy sets both.
+    ``judged_with`` names the build whose check judged every call when this one confirmed it on one call (the
+    same artifact, scheduled differently: :meth:`~torch_tweak.torch.backend.backend.Backend.outputs_key`).
     """
 
     passed: bool
@@ -184,6 +186,7 @@ class FidelityResult:
     metric_higher_is_better: bool | None = None
     samples: int = 0
     held_out_samples: int = 0
+    judged_with: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (non-finite numbers become strings)."""
@@ -205,6 +208,7 @@ class FidelityResult:
             metric_higher_is_better=self.metric_higher_is_better,
             samples=self.samples + other.samples,
             held_out_samples=self.held_out_samples + other.held_out_samples,
+            judged_with=self.judged_with or other.judged_with,
         )
 
     def failed_probe(self) -> NonFiniteProbe | None:

@@ -102,6 +102,15 @@ class Backend(ABC):
         turn in a background worker while other candidates are measured (``tune_strategy/ahead.py``)."""
         return False
 
+    def outputs_key(self) -> str | None:
+        """A key shared by the configurations of this backend that compute the same outputs from the same artifact
+        and differ only in how calls are scheduled (:attr:`BackendConfig.scheduling_settings`, e.g. OpenVINO's
+        performance hint); None when it has no such settings. A strategy judges the first of them on every recorded
+        call and the others on a confirming call (:meth:`TuneStrategy.try_backend`)."""
+        config = getattr(self, "_config", None)
+        key = config.outputs_key() if isinstance(config, BackendConfig) else None
+        return f"{self.__class__.__name__}_{key}" if key is not None else None
+
     @property
     def name(self) -> str:
         """Name of a backend."""

@@ -12,7 +12,7 @@ import enum
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -25,10 +25,21 @@ from torch_tweak.utils.permissions import open_secure
 class BackendConfig:
     """Base class of backend configurations (dataclasses validated in ``__post_init__``)."""
 
+    #: Fields that change only how calls are scheduled (streams, threads), never what they compute.
+    scheduling_settings: ClassVar[tuple[str, ...]] = ()
+
     def key(self) -> str:
         """Returns the keys of the backend configuration."""
         config_dict = self._to_json(self.to_dict())
         return hash_string(json.dumps(config_dict, sort_keys=True))
+
+    def outputs_key(self) -> str | None:
+        """A hash of every field but :attr:`scheduling_settings`: configurations with the same one compute the same
+        outputs. None when the config has no scheduling settings."""
+        if not self.scheduling_settings:
+            return None
+        fields = {k: v for k, v in self._to_json(self.to_dict()).items() if k not in self.scheduling_settings}
+        return hash_string(json.dumps(fields, sort_keys=True))
 
     def describe(self) -> str:
         """Describe the backend configuration. Display only changed fields."""

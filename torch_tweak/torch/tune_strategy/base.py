@@ -12,7 +12,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,8 @@ class GraphTask:
             ``tt.tune(time_budget_s=...)``); None means no budget. Strategies skip candidates that would not fit.
         executor: where the measuring strategies evaluate candidates (``tt.tune(executor=...)``); None or an
             executor that is not isolated: in this process.
+        judged: the rows of candidates that passed a full check, by :meth:`Backend.outputs_key` (shared by the
+            copies of a task made for each candidate): their twins are confirmed on one call.
     """
 
     module: nn.Module
@@ -92,6 +94,7 @@ class GraphTask:
     store: SampleStore | None = None
     deadline: float | None = None
     executor: Executor | None = None
+    judged: dict[str, CandidateReport] = field(default_factory=dict, repr=False)
 
     def data(self) -> list[Sample]:
         """Deep copies of the recorded inputs, safe to hand to a backend."""
@@ -308,9 +311,12 @@ class TuneStrategy(ABC):
                 yield expected, actual, held_out
 
         precision = row.precision or "fp32"
+        confirm = confirm and (judged is None or judged.precision == row.precision)  # else judged by another bound
         result = check_calls(outputs(False, True), precision, self.fidelity) if confirm and task.samples else None
         if result is None or not result.passed:
             result = check_calls(outputs(), precision, self.fidelity)
+        elif judged is not None:
+            result.judged_with = judged.backend  # its other calls were judged on that build
         if result is None:
             return backend
         sample = probe_sample(task.samples)
@@ -352,6 +358,21 @@ def _guard(backend: Backend, task: GraphTask, row: CandidateReport, sample: Samp
                 describe_task(task), row.backend)
     row.backend = guard.describe()
     return guard, merged
+
+
+def twin_of(task: GraphTask, template: Backend) -> CandidateReport | None:
+    """The row of a candidate judged on every recorded call that computes what ``template`` computes (the same
+    :meth:`Backend.outputs_key`), if one passed in this task."""
+    key = template.outputs_key()
+    return task.judged.get(key) if key is not None else None
+
+
+def remember_judged(task: GraphTask, template: Backend, row: CandidateReport) -> None:
+    """Keep ``row`` as the judged twin of ``template``'s outputs key when it passed a full check."""
+    key = template.outputs_key()
+    fidelity = row.fidelity if isinstance(row.fidelity, dict) else {}
+    if key is not None and row.status == PASSED and fidelity and not fidelity.get("judged_with"):
+        task.judged.setdefault(key, row)
 
 
 def release_scratch(backend: Backend) -> None:

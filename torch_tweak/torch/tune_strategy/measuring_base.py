@@ -54,6 +54,8 @@ from torch_tweak.torch.tune_strategy.base import (
     describe_task,
     format_failures,
     release_quietly,
+    remember_judged,
+    twin_of,
 )
 from torch_tweak.torch.tune_strategy.batch_search import search_if_enabled
 from torch_tweak.torch.tune_strategy.eager_gate import EagerGate
@@ -360,8 +362,10 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
         if role != BASELINE and (skipped := self._probe_row(template, role, task)) is not None:
             raise CandidateFailedError(skipped)  # decided where it is built: the probe times a layer
         first: list[tuple[Backend, Measurement]] = []  # screening's small end, measured before the check
-        backend, row = self.try_backend(template, task, role, confirm=role == BASELINE,  # eager vs its own recording
-                                        before_check=self._screen_first(task, plan, cancel, first))
+        twin = twin_of(task, template) if role != BASELINE else None  # same artifact, other scheduling: confirmed
+        backend, row = self.try_backend(template, task, role, confirm=role == BASELINE or twin is not None,
+                                        before_check=self._screen_first(task, plan, cancel, first), judged=twin)
+        remember_judged(task, template, row)
         known = (*plan.known, *(m for b, m in first if b is backend))  # not behind a guard the check added
         try:
             result = self._measure_backend(backend, task, dataclasses.replace(plan, known=known), cancel)

@@ -7,7 +7,7 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -68,6 +68,9 @@ class OpenVINOBackendConfig(BackendConfig):
             turned off); see :mod:`~torch_tweak.torch.backend.openvino.quantize`. Building
             needs ``nncf``; loading a checkpoint does not. Other operations compute in ``inference_precision``.
     """
+
+    #: LATENCY and THROUGHPUT compile the same IR, in the same precision, into one or several streams.
+    scheduling_settings: ClassVar[tuple[str, ...]] = ("performance_hint",)
 
     use_dynamo: bool = True
     performance_hint: str = "LATENCY"
