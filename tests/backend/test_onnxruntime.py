@@ -369,14 +369,14 @@ def test_session_options_follow_the_config(tmp_path: Path) -> None:
 
 def test_failed_export_is_a_conversion_error_and_a_report_row(tmp_path: Path) -> None:
     ((spec, samples),) = record(DataDependent(), [(b, ((torch.ones(b, 4),), {})) for b in (1, 2)])
-    with pytest.raises(ConversionError, match="torch.onnx.export of graph '0' failed") as info:
+    with pytest.raises(ConversionError, match="torch.export of graph '0' failed") as info:
         ONNXRuntimeBackend().build(DataDependent(), spec, [s.sample for s in samples], CPU, tmp_path / "a")
     assert info.value.__cause__ is not None and "data-dependent" in str(info.value)
     wrapped = tt.Module(DataDependent(), name="dd", strategy=tt.FirstWinsStrategy([ONNXRuntimeBackend(),
                                                                                   TorchEagerBackend()]))
     report = tt.tune(wrapped, [torch.ones(4) for _ in range(2)], batch_sizes=[1, 2])
     failed, chosen = report.modules[0].graphs[0].candidates
-    assert failed.status == "build_failed" and failed.error.startswith("ConversionError: torch.onnx.export")
+    assert failed.status == "build_failed" and failed.error.startswith("ConversionError: torch.export")
     assert chosen.status == "chosen" and chosen.backend == "TorchEagerBackend()"
 
 
@@ -465,3 +465,24 @@ def test_int8_weights_take_seven_bits_where_int8_kernels_saturate(tmp_path: Path
     weights = [numpy_helper.to_array(t) for t in graph.initializer if t.data_type == onnx.TensorProto.INT8]
     largest = max(int(abs(w.astype("int32")).max()) for w in weights)
     assert largest <= 64 if saturates else largest == 127
+
+
+def test_openvino_and_onnxruntime_convert_one_export_of_a_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.export runs once per graph and process: ONNX Runtime converts the program OpenVINO converted."""
+    pytest.importorskip("openvino")
+    from torch_tweak.torch.backend import OpenVINOBackend
+
+    exports: list[object] = []
+    real = torch.export.export
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: exports.append(a) or real(*a, **k))
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    ((spec, samples),) = record(model, [(b, ((torch.randn(b, 4),), {})) for b in (1, 3)])
+    data = [s.sample for s in samples]
+    ov = OpenVINOBackend().build(model, spec, data, CPU, tmp_path / "ov")
+    ort = ONNXRuntimeBackend().build(model, spec, data, CPU, tmp_path / "ort")
+    assert len(exports) == 1
+    x = torch.randn(5, 4)  # a batch size neither export saw
+    with torch.no_grad():
+        expected = model(x)
+    torch.testing.assert_close(ort.infer(x), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ov.infer(x), expected, atol=1e-4, rtol=1e-4)

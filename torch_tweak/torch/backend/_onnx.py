@@ -1,9 +1,10 @@
 """PyTorch graph → ONNX file for :class:`~torch_tweak.torch.backend.onnxruntime.ONNXRuntimeBackend`.
 
-The graph is exported with ``torch.onnx``'s dynamo exporter (``torch.export`` capture, onnxscript translation
-and graph optimizer): it folds batch norm into convolutions and keeps every symbolic axis symbolic, where the
+The graph is exported with ``torch.onnx``'s dynamo exporter (``torch.export`` capture, shared with OpenVINO's
+conversion in the same process by :func:`~._export.export_program`, then onnxscript translation and graph
+optimizer): it folds batch norm into convolutions and keeps every symbolic axis symbolic, where the
 TorchScript exporter bakes sizes into the reshapes of ``nn.TransformerEncoder`` (the model then fails at any
-other batch size). The module runs through :class:`FlatForward`, so ONNX inputs and outputs are the graph's
+other batch size). The module runs through :class:`~._export.FlatForward`, so ONNX inputs and outputs are the graph's
 tensors in :class:`GraphSpec` order and are named after the tensor specs.
 
 Every batch and dynamic axis is exported unbounded (:func:`~torch_tweak.torch.backend._export.dynamic_shapes`):
@@ -29,7 +30,7 @@ from torch import nn
 from torch_tweak.errors import BackendUnavailableError, ConversionError
 from torch_tweak.torch import environment
 from torch_tweak.torch.backend._compile_helpers import build_failure
-from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves, export_with_dims
+from torch_tweak.torch.backend._export import example_leaves, export_program
 from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample
@@ -61,22 +62,20 @@ def export_onnx(module: nn.Module, graph_spec: GraphSpec, data: list[Sample], pa
     require("onnxscript", "onnx", what="to export the module to ONNX")
     leaves = tuple(example_leaves(graph_spec, data))
     names = {"input_names": [s.name for s in graph_spec.inputs], "output_names": [s.name for s in graph_spec.outputs]}
-    with torch.no_grad(), pristine(module):
-        wrapper = FlatForward(module, graph_spec).eval()
-
-        def export(auto_dims: bool) -> Any:
-            with warnings.catch_warnings():  # the exporter names each shared dim once and says so for every other
-                warnings.filterwarnings("ignore", message=".*will not be used, since it shares the same shape")
-                return torch.onnx.export(wrapper, leaves, dynamo=True, optimize=True, verbose=False, report=False,
-                                         dynamic_shapes=dynamic_shapes(graph_spec, auto_dims), **names)
-
+    with torch.no_grad(), pristine(module), warnings.catch_warnings():
+        # the exporter names each shared dim once and says so for every other
+        warnings.filterwarnings("ignore", message=".*will not be used, since it shares the same shape")
         try:
-            program = export_with_dims(module, graph_spec, export, "ONNX export")
-        except ConversionError:
-            raise
+            exported = export_program(module, graph_spec, leaves)
         except Exception as exc:
-            # torch.onnx wraps the capture error in a TorchExportError whose text is generic advice: report the cause
-            cause = exc.__cause__ if type(exc).__name__ == "TorchExportError" and exc.__cause__ is not None else exc
+            raise build_failure(f"torch.export of graph {graph_spec.name!r} failed", exc, log_dir, EXPORT_HINT,
+                                error_cls=ConversionError) from exc
+        try:
+            program = torch.onnx.export(exported, leaves, dynamo=True, optimize=True, verbose=False, report=False,
+                                        **names)
+        except Exception as exc:
+            # torch.onnx wraps the error in an exception whose text is generic advice: report the cause
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
             raise build_failure(f"torch.onnx.export of graph {graph_spec.name!r} failed", cause, log_dir, EXPORT_HINT,
                                 error_cls=ConversionError) from exc
     try:

@@ -25,7 +25,7 @@ from torch import nn
 from torch_tweak.errors import BackendUnavailableError, ConversionError
 from torch_tweak.torch.backend._artifact_reuse import FINGERPRINT_NAME, forget, matches, record
 from torch_tweak.torch.backend._artifact_reuse import fingerprint as artifact_fingerprint
-from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves, export_with_dims
+from torch_tweak.torch.backend._export import FlatForward, example_leaves, export_program
 from torch_tweak.torch.module.forward import pristine
 from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
 from torch_tweak.torch.module.tree import Sample
@@ -68,30 +68,22 @@ def to_ov_model(module: nn.Module, graph_spec: GraphSpec, data: list[Sample], us
     ov = import_openvino()
     leaves = example_leaves(graph_spec, data)
     with torch.no_grad(), pristine(module):
-        wrapper = FlatForward(module, graph_spec).eval()
         if use_dynamo:
-            program = _export(module, wrapper, graph_spec, tuple(leaves))
+            try:
+                program = export_program(module, graph_spec, tuple(leaves))
+            except Exception as exc:
+                raise _conversion_error("torch.export", exc, True) from exc
             try:
                 model = ov.convert_model(program)
             except Exception as exc:
                 raise _conversion_error("OpenVINO conversion of the exported program", exc, use_dynamo) from exc
         else:
             try:
-                model = ov.convert_model(wrapper, example_input=tuple(leaves))
+                model = ov.convert_model(FlatForward(module, graph_spec).eval(), example_input=tuple(leaves))
             except Exception as exc:
                 raise _conversion_error("OpenVINO conversion (TorchScript trace)", exc, use_dynamo) from exc
     _apply_graph_spec(ov, model, graph_spec)
     return model
-
-
-def _export(module: nn.Module, wrapper: nn.Module, graph_spec: GraphSpec, leaves: tuple[torch.Tensor, ...]) -> Any:
-    def export(auto_dims: bool) -> Any:
-        return torch.export.export(wrapper, leaves, dynamic_shapes=dynamic_shapes(graph_spec, auto_dims))
-
-    try:
-        return export_with_dims(module, graph_spec, export, "torch.export")
-    except Exception as exc:
-        raise _conversion_error("torch.export", exc, True) from exc
 
 
 def _partial_shape(ov: Any, spec: TensorSpec) -> Any:
