@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
 import pytest
 import torch
 from toy_models import cnn, mlp
 
 import torch_tweak.torch as tt
 from torch_tweak.errors import ConfigError
-from torch_tweak.torch.backend import TorchAOBackend, TorchInductorAOTBackend, TorchInductorBackend
+from torch_tweak.torch.backend import (
+    OpenVINOBackend,
+    OpenVINOBackendConfig,
+    TorchAOBackend,
+    TorchInductorAOTBackend,
+    TorchInductorBackend,
+)
 from torch_tweak.torch.backend import available as backend_available
+from torch_tweak.torch.backend.openvino.quantize import nncf_available
 from torch_tweak.torch.profiling import Measurement, SweepResult
 from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.tune_strategy.linear_calls import int8_layer_slowdown, largest_linear_call, linear_share
@@ -24,6 +34,7 @@ class _Task:
         self.module, self.module_name = module, "m"
         self._sample = sample
         self.graph_spec = type("Spec", (), {"name": "0"})()
+        self.probed: dict = {}
 
     def data(self):
         return [((self._sample,), {})]
@@ -280,8 +291,71 @@ def test_quantizing_leaves_the_process_matmul_precision_as_it_was() -> None:
             torch.set_float32_matmul_precision(precision)
         try:
             before = [torch.get_float32_matmul_precision(), *(f.fp32_precision for f in fields)]
-            TorchAOBackend().quantized_copy(torch.nn.Linear(16, 16))
+            TorchAOBackend().int8_layer_calls(torch.nn.Linear(16, 16), torch.randn(2, 16))
             assert [torch.get_float32_matmul_precision(), *(f.fp32_precision for f in fields)] == before
         finally:
             if precision is not None:
                 torch.set_float32_matmul_precision(previous)
+
+
+NEEDS_OV_NNCF = pytest.mark.skipif(not backend_available("OpenVINOBackend") or not nncf_available(),
+                                   reason="needs openvino and nncf")
+
+
+@NEEDS_OV_NNCF
+def test_openvino_int8_layer_calls_run_the_layer_in_float_and_in_int8() -> None:
+    layer = torch.nn.Linear(64, 32).eval()
+    x = torch.randn(4, 10, 64)
+    pair = OpenVINOBackend(OpenVINOBackendConfig(quantization="int8", inference_precision="f32")).int8_layer_calls(
+        layer, x)
+    assert pair is not None
+    with torch.no_grad():
+        expected = layer(x).reshape(-1, 32).numpy()
+    float_out, int8_out = (call()[0] for call in pair)
+    assert np.abs(float_out - expected).max() < 1e-4
+    assert 0 < np.abs(int8_out - expected).max() < 0.1 * np.abs(expected).max()  # quantized, and close
+    assert OpenVINOBackend().int8_layer_calls(layer, x) is None  # a float configuration quantizes nothing
+    assert OpenVINOBackend(OpenVINOBackendConfig(quantization="int8_weights")).int8_layer_calls(layer, x) is None
+
+
+def _ov_int8_pair(monkeypatch, probed: list[str], float_s: float, int8_s: float) -> None:
+    """OpenVINO's int8 layer probe, replaced by calls that take the given seconds (the bound is machine-dependent)."""
+    def pair(self, layer, activation):
+        probed.append(f"{self.describe()} {tuple(activation.shape)} -> {layer.out_features}")
+        return (lambda: time.sleep(float_s)), (lambda: time.sleep(int8_s))
+
+    monkeypatch.setattr(OpenVINOBackend, "int8_layer_calls", pair)
+
+
+@NEEDS_OV_NNCF
+def test_openvino_int8_is_skipped_where_it_is_built_when_its_int8_layer_is_not_faster(monkeypatch) -> None:
+    probed: list[str] = []
+    _ov_int8_pair(monkeypatch, probed, float_s=0.001, int8_s=0.002)
+    wide = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)).eval()
+    int8 = [OpenVINOBackend(OpenVINOBackendConfig(quantization="int8", performance_hint=hint))
+            for hint in ("LATENCY", "THROUGHPUT")]
+    report = tt.tune(tt.Module(wide, name="wide", strategy=tt.HighestThroughputStrategy(int8)),
+                     [torch.randn(512) for _ in range(8)], batch_sizes=[1, 8], executor="inline")
+    rows = [c for c in report.modules[0].graphs[0].candidates if c.role == "candidate"]
+    assert [r.status for r in rows] == ["skipped", "skipped"] and all(r.build_time_s is None for r in rows)
+    assert rows[0].error.startswith("skipped: its int8 copy of this graph's largest nn.Linear call (8x512 -> 512), "
+                                    "built and timed as it would run, took ")
+    assert "nn.Linear layers do 100% of the graph's multiply-adds" in rows[0].error
+    assert probed == ["OpenVINOBackend(quantization=int8) (8, 512) -> 512"]  # once: the twin quantizes the same
+    strategy = tt.HighestThroughputStrategy()
+    assert strategy._probe_reason(int8[0], _RecordedTask(cnn(), {2: torch.randn(2, 3, 8, 8)})) is None
+    assert len(probed) == 1  # a CNN's convolutions are not linear layers: no probe
+    assert tt.HighestThroughputStrategy(skip_stand_ins=False)._probe_reason(
+        int8[0], _RecordedTask(wide, {8: torch.randn(8, 512)})) is None
+
+
+@NEEDS_OV_NNCF
+def test_openvino_int8_is_built_when_its_int8_layer_is_faster(monkeypatch) -> None:
+    probed: list[str] = []
+    _ov_int8_pair(monkeypatch, probed, float_s=0.002, int8_s=0.001)
+    wide = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64)).eval()
+    strategy = tt.HighestThroughputStrategy([OpenVINOBackend(OpenVINOBackendConfig(quantization="int8"))])
+    report = tt.tune(tt.Module(wide, name="wide", strategy=strategy), [torch.randn(64) for _ in range(8)],
+                     batch_sizes=[1, 8], executor="inline")
+    row = next(c for c in report.modules[0].graphs[0].candidates if c.role == "candidate")
+    assert row.status not in ("skipped", "build_failed") and row.precision == "int8" and len(probed) == 1

@@ -21,6 +21,7 @@ import enum
 import gc
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -110,6 +111,13 @@ class Backend(ABC):
         config = getattr(self, "_config", None)
         key = config.outputs_key() if isinstance(config, BackendConfig) else None
         return f"{self.__class__.__name__}_{key}" if key is not None else None
+
+    def int8_layer_calls(self, layer: nn.Linear, activation: torch.Tensor) -> tuple[Callable[[], Any], Callable[[], Any]] | None:
+        """Two calls of ``layer`` on ``activation`` as this configuration would run it, one in float and one quantized
+        as its build quantizes the module; a measuring strategy times them against each other to skip a
+        quantized candidate that cannot be faster here (``tune_strategy/stand_ins.py``). None: no such probe (the
+        default; a configuration that quantizes nothing)."""
+        return None
 
     @property
     def name(self) -> str:

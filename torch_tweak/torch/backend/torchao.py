@@ -20,6 +20,7 @@ import copy
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -241,9 +242,9 @@ class TorchAOBackend(Backend):
             return "fp8"
         return "int4" if name.startswith("Int4") else "int8"
 
-    def quantized_copy(self, layer: nn.Module) -> nn.Module:
-        """A copy of ``layer`` (one ``nn.Linear``, say) quantized with this backend's config as its build quantizes
-        the module, uncompiled: what the strategy's stand-in rule times against the float layer
+    def int8_layer_calls(self, layer: nn.Linear, activation: torch.Tensor) -> tuple[Callable[[], Any], Callable[[], Any]]:
+        """``layer`` and a copy of it quantized with this backend's config as its build quantizes the module, both
+        uncompiled, called on ``activation``: what the strategy's stand-in rule times against each other
         (``tune_strategy/stand_ins.py``). Global settings ``quantize_`` changes are restored."""
         import_torchao()
         from torchao.quantization import quantize_
@@ -251,7 +252,7 @@ class TorchAOBackend(Backend):
         quantized = copy.deepcopy(layer)
         with isolated_inductor_config({}), _quiet_torchao():
             quantize_(quantized, self._config.torchao_config())
-        return quantized
+        return (lambda: layer(activation)), (lambda: quantized(activation))
 
     def _quantize(self) -> None:
         """Quantize a copy of the module (once); raise BuildError when the config changes no layer."""

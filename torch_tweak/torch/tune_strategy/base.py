@@ -82,6 +82,8 @@ class GraphTask:
             executor that is not isolated: in this process.
         judged: the rows of candidates that passed a full check, by :meth:`Backend.outputs_key` (shared by the
             copies of a task made for each candidate): their twins are confirmed on one call.
+        probed: what the stand-in rules measured on the graph where candidates are built (``stand_ins.py``), by
+            what they measured, shared like ``judged``.
     """
 
     module: nn.Module
@@ -95,6 +97,7 @@ class GraphTask:
     deadline: float | None = None
     executor: Executor | None = None
     judged: dict[str, CandidateReport] = field(default_factory=dict, repr=False)
+    probed: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def data(self) -> list[Sample]:
         """Deep copies of the recorded inputs, safe to hand to a backend."""

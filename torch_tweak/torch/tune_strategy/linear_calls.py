@@ -10,6 +10,7 @@ import copy
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -96,17 +97,19 @@ def largest_linear_call(task: GraphTask) -> int | None:
 
 
 def int8_layer_slowdown(template: Backend, task: GraphTask) -> tuple[float, str] | None:
-    """How many times longer ``template``'s quantized copy (TorchAO's ``quantized_copy``) of the graph's largest
-    ``nn.Linear`` call takes than the float layer, both uncompiled and timed in turns on that call's recorded input
-    (``stand_ins.INT8_PROBE_SLOWDOWN``), with the call's shape (None: no such call, not a CPU graph, or it failed)."""
+    """How many times longer the quantized call of the graph's largest ``nn.Linear`` call takes than the float one,
+    both as ``template`` runs them (:meth:`Backend.int8_layer_calls`) and timed in turns on that call's recorded
+    input, with the call's shape (None: no such call or probe, not a CPU graph, or it failed)."""
     calls = _largest_batch_calls(task, keep_input=True) if task.device.type == "cpu" else None
     if calls is None or calls.largest_call is None:
         return None
     layer, activation = calls.largest_call
     try:
         with pristine(task.module):
-            quantized = template.quantized_copy(layer)  # type: ignore[attr-defined]
-            float_ms, quantized_ms = _timed_in_turns(layer, quantized, activation)
+            pair = template.int8_layer_calls(layer, activation)
+            if pair is None:
+                return None
+            float_ms, quantized_ms = _timed_in_turns(*pair)
     except Exception as exc:  # noqa: BLE001 - the probe is an optimisation: any failure means "build it"
         logger.debug("%s: the int8 layer could not be timed: %s", describe_task(task), exc)
         return None
@@ -114,16 +117,16 @@ def int8_layer_slowdown(template: Backend, task: GraphTask) -> tuple[float, str]
     return quantized_ms / max(float_ms, 1e-6), f"{shape} -> {layer.out_features}"
 
 
-def _timed_in_turns(first: nn.Module, second: nn.Module, x: torch.Tensor) -> tuple[float, float]:
-    """Median milliseconds of ``first(x)`` and ``second(x)``, called in turns (a busy machine slows both alike)
+def _timed_in_turns(first: Callable[[], Any], second: Callable[[], Any]) -> tuple[float, float]:
+    """Median milliseconds of ``first()`` and ``second()``, called in turns (a busy machine slows both alike)
     for at least :data:`PROBE_CALLS` calls each and :data:`PROBE_S` seconds, with background builds paused."""
     times: tuple[list[float], list[float]] = ([], [])
     with torch.no_grad(), paused():
-        first(x), second(x)  # warm-up
+        first(), second()  # warm-up
         start = time.perf_counter()
         while len(times[0]) < PROBE_CALLS or time.perf_counter() - start < PROBE_S:
-            for layer, spent in zip((first, second), times):
+            for call, spent in zip((first, second), times):
                 began = time.perf_counter()
-                layer(x)
+                call()
                 spent.append((time.perf_counter() - began) * 1000.0)
     return statistics.median(times[0]), statistics.median(times[1])

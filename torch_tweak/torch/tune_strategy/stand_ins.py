@@ -14,6 +14,11 @@ tens of seconds (a ResNet-50 on 2 cores: TorchAO 39 s, Inductor 61 s, Inductor A
   built (the worker; also before its background build), a copy of that largest layer quantized with its config is
   timed against the float layer first, and TorchAO is skipped when int8 is :data:`INT8_PROBE_SLOWDOWN` times
   slower: CPUs without int8 dot-product instructions (AVX2) run its int8 matrix multiply 25x slower than float.
+* A calibrated int8 candidate (OpenVINO's ``quantization="int8"``, and its THROUGHPUT twin) spends tens of seconds
+  in NNCF (a BERT-base: 33-38 s on 2 cores). On a graph whose ``nn.Linear`` layers do most of the multiply-adds
+  (:data:`LINEAR_DOMINANT`), where it is built, its largest linear call is first compiled in float and quantized by
+  NNCF alone (``OpenVINOBackend.int8_layer_calls``) and the two are timed in turns; when int8 takes longer
+  (:data:`CALIBRATED_INT8_SLOWDOWN`), as on CPUs without VNNI or AMX, the candidate is skipped.
 * ``TorchInductorBackend`` and ``TorchInductorAOTBackend`` compile the graph with the same compiler into the same
   kernels; they differ in per-call overhead (Dynamo's guards), which matters at small batches only. When one
   was screened out (below ``1 - screening_margin`` of the best at both screening ends, the large one included),
@@ -71,6 +76,14 @@ INT8_MIN_LINEAR_MACS = 2_000_000
 #: that kernel is slow: on 2 cores of an AVX2 EPYC a 1024x768 -> 3072 call took 28x the float one uncompiled and
 #: 27x compiled, and a BERT-base compiled by TorchAO ran at 0.04x the best candidate after 290 s of building.
 INT8_PROBE_SLOWDOWN = 4.0
+#: A calibrated int8 candidate (OpenVINO's ``quantization="int8"``) is probed on graphs whose ``nn.Linear`` layers do
+#: at least this share of the multiply-adds (transformers; a CNN's convolutions are not linear layers).
+LINEAR_DOMINANT = 0.5
+#: ... and skipped when its int8 copy of the graph's largest ``nn.Linear`` call, compiled as it would run, takes more
+#: than this many times as long as the float copy: int8 cannot make such a graph faster. On 2 cores of an AVX2 EPYC
+#: (no VNNI) BERT-base's 1024x768 -> 3072 call took 1.2-1.4x as long in int8, and the whole graph quantized by NNCF
+#: (33-38 s) ran at 0.98-1.05x the float IR.
+CALIBRATED_INT8_SLOWDOWN = 1.0
 #: More than the per-call time Inductor AOT saves over Inductor JIT on the same kernels (Dynamo's guards and the
 #: Python wrapper take tens of microseconds on CPU).
 JIT_OVERHEAD_MS = 0.5
@@ -145,14 +158,30 @@ class StandIns:
         return None if reason is None else skipped_row(template, role, reason)
 
     def _probe_reason(self, template: Backend, task: GraphTask) -> str | None:
-        if not self.skip_stand_ins or template.key() != _default_key(_TORCHAO):
+        if not self.skip_stand_ins:
             return None
-        probed = int8_layer_slowdown(template, task)
-        if probed is None or probed[0] <= INT8_PROBE_SLOWDOWN:
+        if template.key() == _default_key(_TORCHAO):
+            probed = _probed(template, task)
+            if probed is None or probed[0] <= INT8_PROBE_SLOWDOWN:
+                return None
+            return (f"its int8 nn.Linear, timed on this graph's largest linear call ({probed[1]}), took "
+                    f"{probed[0]:.1f}x as long as the float layer (over {INT8_PROBE_SLOWDOWN:g}x: this CPU's int8 "
+                    "matrix multiply is slow, and compiling calls the same kernel), so quantizing can only slow the "
+                    "graph down")
+        if not template.needs_calibration:
             return None
-        return (f"its int8 nn.Linear, timed on this graph's largest linear call ({probed[1]}), took {probed[0]:.1f}x "
-                f"as long as the float layer (over {INT8_PROBE_SLOWDOWN:g}x: this CPU's int8 matrix multiply is slow, "
-                "and compiling calls the same kernel), so quantizing can only slow the graph down")
+        if "linear_share" not in task.probed:
+            task.probed["linear_share"] = linear_share(task.module, task)
+        share = task.probed["linear_share"]
+        if share is None or share < LINEAR_DOMINANT:
+            return None
+        probed = _probed(template, task)
+        if probed is None or probed[0] <= CALIBRATED_INT8_SLOWDOWN:
+            return None
+        return (f"its int8 copy of this graph's largest nn.Linear call ({probed[1]}), built and timed as it would "
+                f"run, took {probed[0]:.2f}x as long as the float one (this CPU's int8 matrix multiply is no faster "
+                f"than its float one), and nn.Linear layers do {share:.0%} of the graph's multiply-adds, so "
+                "quantizing cannot make the graph faster")
 
     def _skipped_whatever_measured(self, template: Backend, task: GraphTask) -> bool:
         """Whether a rule above skips ``template`` in its turn whatever the other candidates measure: TorchAO's
@@ -201,6 +230,15 @@ class StandIns:
                 f"{share:.0%} of an eager call at batch {batch} ({at.p50_ms:.1f} ms measured); even with those {KERNEL_GAIN:g}x "
                 f"faster and all else free it would reach at most {shown} of the best candidate's throughput, "
                 f"under the {keep:.2f}x it needs to be kept")
+
+
+def _probed(template: Backend, task: GraphTask) -> tuple[float, str] | None:
+    """:func:`~.linear_calls.int8_layer_slowdown` of ``template``, once per outputs key and task (the twins of a
+    probed candidate, scheduled differently, quantize the same)."""
+    key = f"int8_layer:{template.outputs_key() or template.key()}"
+    if key not in task.probed:
+        task.probed[key] = int8_layer_slowdown(template, task)
+    return task.probed[key]
 
 
 def _small_matrices_reason(task: GraphTask) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -25,6 +26,7 @@ from torch_tweak.torch.backend.openvino.converter import (
     convert,
     import_openvino,
 )
+from torch_tweak.torch.backend.openvino.layer_probe import int8_layer_pair
 from torch_tweak.torch.backend.openvino.quantize import (
     INT8,
     INT8_WEIGHTS,
@@ -190,6 +192,16 @@ class OpenVINOBackend(Backend):
         if self._config.inference_precision is not None or self._config.quantization is not None:
             return None
         return OpenVINOBackend(dataclasses.replace(self._config, inference_precision="f32"))
+
+    def int8_layer_calls(self, layer: nn.Linear, activation: torch.Tensor) -> tuple[Callable[[], Any], Callable[[], Any]] | None:
+        """For ``quantization="int8"``: ``layer`` on ``activation`` compiled by OpenVINO in this configuration's
+        precision, and its NNCF int8 copy (:mod:`.layer_probe`); None for the other configurations."""
+        if self._config.quantization != INT8:
+            return None
+        config = {"PERFORMANCE_HINT": "LATENCY"}
+        if self._config.inference_precision is not None:
+            config["INFERENCE_PRECISION_HINT"] = self._config.inference_precision
+        return int8_layer_pair(ov_core(), layer, activation, ov_device_name(self._device), config)
 
     def _build(self, module: nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> Backend:
         import_openvino()

@@ -158,20 +158,7 @@ def quantize_model(model: Any, mode: str, graph_spec: GraphSpec, data: Sequence[
         raise BuildError(f"Graph {graph_spec.name!r} has no recorded sample to calibrate int8 quantization with; "
                          "tune with a dataset, or use quantization='int8_weights', which needs none.")
     transformer = looks_like_transformer(model)
-    options: dict[str, Any] = {
-        "subset_size": len(data),
-        "fast_bias_correction": True,
-        "target_device": nncf.TargetDevice.GPU if target_device.startswith("GPU") else nncf.TargetDevice.CPU,
-        # CNNs: symmetric activations (PERFORMANCE); MIXED was no more accurate on a ResNet-50 and 7 % slower
-        "preset": nncf.QuantizationPreset.MIXED if transformer else nncf.QuantizationPreset.PERFORMANCE,
-    }
-    if transformer:  # fewer quantizers around attention, SmoothQuant: BERT-base rel. L2 error 0.24 -> 0.03 (batch 8)
-        options["model_type"] = nncf.ModelType.TRANSFORMER
-    if not target_device.startswith("GPU") and environment.int8_dot_saturates():
-        # NNCF's default fixes the first layer's weights only; a 256-512-256 MLP on an AVX2 EPYC: rel. L2 0.135 -> 0.027
-        from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
-
-        options["advanced_parameters"] = AdvancedQuantizationParameters(overflow_fix=OverflowFix.ENABLE)
+    options = _int8_options(nncf, len(data), target_device, transformer)
     dataset = nncf.Dataset(_CalibrationItems(graph_spec, data))
     try:
         quantized = nncf.quantize(model, dataset, **options)
@@ -185,6 +172,32 @@ def quantize_model(model: Any, mode: str, graph_spec: GraphSpec, data: Sequence[
                 " (transformer rules)" if transformer else "",
                 " (7-bit weights: this CPU's int8 kernels saturate)" if "advanced_parameters" in options else "")
     return quantized
+
+
+def _int8_options(nncf: Any, samples: int, target_device: str, transformer: bool) -> dict[str, Any]:
+    """``nncf.quantize`` keyword arguments of an ``"int8"`` candidate (and of its one-layer probe)."""
+    options: dict[str, Any] = {
+        "subset_size": samples,
+        "fast_bias_correction": True,
+        "target_device": nncf.TargetDevice.GPU if target_device.startswith("GPU") else nncf.TargetDevice.CPU,
+        # CNNs: symmetric activations (PERFORMANCE); MIXED was no more accurate on a ResNet-50 and 7 % slower
+        "preset": nncf.QuantizationPreset.MIXED if transformer else nncf.QuantizationPreset.PERFORMANCE,
+    }
+    if transformer:  # fewer quantizers around attention, SmoothQuant: BERT-base rel. L2 error 0.24 -> 0.03 (batch 8)
+        options["model_type"] = nncf.ModelType.TRANSFORMER
+    if not target_device.startswith("GPU") and environment.int8_dot_saturates():
+        # NNCF's default fixes the first layer's weights only; a 256-512-256 MLP on an AVX2 EPYC: rel. L2 0.135 -> 0.027
+        from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
+
+        options["advanced_parameters"] = AdvancedQuantizationParameters(overflow_fix=OverflowFix.ENABLE)
+    return options
+
+
+def quantize_layer(model: Any, rows: np.ndarray, target_device: str) -> Any:
+    """``model`` (one matrix multiply, from :mod:`.layer_probe`) quantized as an ``"int8"`` candidate quantizes its
+    layers, calibrated on ``rows``. Exceptions from NNCF propagate (the probe that asks treats any as "no probe")."""
+    nncf = import_nncf()
+    return nncf.quantize(model, nncf.Dataset([rows]), **_int8_options(nncf, 1, target_device, transformer=False))
 
 
 def _require(count: int, what: str, graph_spec: GraphSpec, layers: str, fix: str) -> None:
