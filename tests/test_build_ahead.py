@@ -190,6 +190,26 @@ def test_a_candidate_that_compiles_ahead_is_built_in_the_background_first_then_i
     assert not _senders()  # and the thread that sent it work
 
 
+class BackgroundSkips(tt.HighestThroughputStrategy):
+    """A stand-in rule that the background worker decides for good for :class:`BuildsLoggedBackend` (as TorchAO's
+    int8 probe is)."""
+
+    def _skipped_whatever_measured(self, template, task):
+        if isinstance(template, BuildsLoggedBackend):
+            return True, "the background worker timed it out of the running"
+        return super()._skipped_whatever_measured(template, task)
+
+
+def test_a_final_stand_in_decision_of_the_background_worker_skips_the_candidate_in_its_turn(tmp_path):
+    log = tmp_path / "skip.jsonl"
+    strategy = BackgroundSkips([TorchEagerBackend(), BuildsLoggedBackend(str(log))], profiling=FAST,
+                               eager_margin=0.0, screening=False)
+    report = tt.tune(tt.Module(mlp(), name="skip", strategy=strategy), DATA, batch_sizes=[1, 2], executor="process")
+    row = next(r for r in report.module("skip").graphs[0].candidates if r.backend.startswith("BuildsLoggedBackend"))
+    assert row.status == "skipped" and row.error.startswith("skipped: the background worker timed it out")
+    assert not log.exists()  # built neither ahead nor in its turn (the main worker did not probe it again)
+
+
 def _senders() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "torch_tweak-background-sender"]
 

@@ -274,11 +274,12 @@ def test_torchao_is_skipped_where_it_is_built_when_its_int8_layer_is_slower_than
                               "strategy to build it anyway")
     assert graph.chosen == "TorchEagerBackend()"
     task = _RecordedTask(wide, {8: torch.randn(8, 512)})
-    assert strategy._skipped_whatever_measured(TorchAOBackend(), task)  # a background build is not started
+    skipped, reason = strategy._skipped_whatever_measured(TorchAOBackend(), task)
+    assert skipped and reason is not None and reason.startswith("its int8 nn.Linear")  # final: the turn takes it
     assert tt.HighestThroughputStrategy(skip_stand_ins=False)._probe_reason(TorchAOBackend(), task) is None
     monkeypatch.setattr(stand_ins, "INT8_PROBE_SLOWDOWN", 1e9)
     assert strategy._probe_reason(TorchAOBackend(), task) is None
-    assert not strategy._skipped_whatever_measured(TorchAOBackend(), task)
+    assert strategy._skipped_whatever_measured(TorchAOBackend(), task) == (False, None)
 
 
 @pytest.mark.skipif(not backend_available("TorchAOBackend"), reason="needs torchao")
@@ -320,9 +321,14 @@ def test_openvino_int8_layer_calls_run_the_layer_in_float_and_in_int8() -> None:
 
 def _ov_int8_pair(monkeypatch, probed: list[str], float_s: float, int8_s: float) -> None:
     """OpenVINO's int8 layer probe, replaced by calls that take the given seconds (the bound is machine-dependent)."""
+    def spin(seconds: float) -> None:  # busy: the probe takes the smaller of the wall and CPU time ratios
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
     def pair(self, layer, activation):
         probed.append(f"{self.describe()} {tuple(activation.shape)} -> {layer.out_features}")
-        return (lambda: time.sleep(float_s)), (lambda: time.sleep(int8_s))
+        return (lambda: spin(float_s)), (lambda: spin(int8_s))
 
     monkeypatch.setattr(OpenVINOBackend, "int8_layer_calls", pair)
 

@@ -49,27 +49,31 @@ class BuildsAhead:
         if self.group is not None:
             pause.hold([self.group])  # this process's timed calls pause it too
 
-    def before_turn(self, template: Backend) -> None:
-        """Wait for ``template``'s background build if it has started; drop it if it has not."""
+    def before_turn(self, template: Backend) -> str | None:
+        """Wait for ``template``'s background build if it has started; drop it if it has not. Returns the reason a
+        stand-in rule skips the candidate when the background worker decided that for good (its int8 probe: timed
+        there in process CPU time too, which neither a pause nor a busy core inflates), else None."""
         ticket = self._tickets.pop(template.key(), None)
         if ticket is None:
-            return
+            return None
         if not self._background.started(ticket):
             self._background.drop(ticket)
-            return
+            return None
         start = time.perf_counter()
         outcome = self._background.wait(ticket, self._time_limit_s)
         waited = time.perf_counter() - start
         if isinstance(outcome, Failure):
             logger.info("%s: %s was not built ahead (%s); it is built in its turn", describe_task(self._task),
                         template.describe(), outcome.message)
-        elif outcome.value is None:
+        elif outcome.value is None or isinstance(outcome.value, str):
             logger.debug("%s: %s was not built ahead: a stand-in rule skips it", describe_task(self._task),
                          template.describe())
+            return outcome.value
         else:
             logger.info("%s: %s was built ahead in the background in %.1f s (waited %.1f s for it now); its build in "
                         "turn starts from the compiler's warm caches", describe_task(self._task),
                         template.describe(), outcome.value, waited)
+        return None
 
     def skipped(self, template: Backend) -> None:
         """``template`` will not be built: its background build is dropped (a running one is stopped)."""

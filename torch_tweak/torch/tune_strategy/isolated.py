@@ -101,14 +101,16 @@ def sweep_candidate(context: WorkerContext, template: Backend, role: str, plan: 
         _return_freed_memory()
 
 
-def build_ahead(context: WorkerContext, template: Backend) -> float | None:
+def build_ahead(context: WorkerContext, template: Backend) -> float | str | None:
     """In the background worker (``executor/background.py``): build ``template`` as the main worker will in its
     turn (the same module, graph, samples and threads), so that the compiler's caches on disk are warm by then;
-    nothing is checked or measured, the build is released. Returns its seconds, or None without a build when a
-    stand-in rule skips the candidate whatever the others measure (decided here: it runs the module eagerly)."""
+    nothing is checked or measured, the build is released. Returns its seconds; without a build, when a stand-in
+    rule skips the candidate whatever the others measure (decided here: it runs the module eagerly), the rule's
+    reason if it is final, else None."""
     task = context.task
-    if context.strategy._skipped_whatever_measured(template, task):
-        return None
+    skipped, reason = context.strategy._skipped_whatever_measured(template, task)
+    if skipped:
+        return reason
     backend = copy.deepcopy(template)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="torch_tweak-ahead-") as scratch:

@@ -109,24 +109,30 @@ def int8_layer_slowdown(template: Backend, task: GraphTask) -> tuple[float, str]
             pair = template.int8_layer_calls(layer, activation)
             if pair is None:
                 return None
-            float_ms, quantized_ms = _timed_in_turns(*pair)
+            wall, cpu = _timed_in_turns(*pair)
     except Exception as exc:  # noqa: BLE001 - the probe is an optimisation: any failure means "build it"
         logger.debug("%s: the int8 layer could not be timed: %s", describe_task(task), exc)
         return None
     shape = "x".join(str(d) for d in activation.shape)
-    return quantized_ms / max(float_ms, 1e-6), f"{shape} -> {layer.out_features}"
+    ratio = min(quantized / max(floated, 1e-9) for floated, quantized in (wall, cpu))
+    return ratio, f"{shape} -> {layer.out_features}"
 
 
-def _timed_in_turns(first: Callable[[], Any], second: Callable[[], Any]) -> tuple[float, float]:
-    """Median milliseconds of ``first()`` and ``second()``, called in turns (a busy machine slows both alike)
-    for at least :data:`PROBE_CALLS` calls each and :data:`PROBE_S` seconds, with background builds paused."""
-    times: tuple[list[float], list[float]] = ([], [])
+def _timed_in_turns(first: Callable[[], Any], second: Callable[[], Any]) -> tuple[tuple[float, float], ...]:
+    """Median wall and process CPU seconds of ``first()`` and ``second()``, called in turns (a busy machine slows
+    both alike) for at least :data:`PROBE_CALLS` calls each and :data:`PROBE_S` seconds, with background builds
+    paused: ``((first wall, second wall), (first CPU, second CPU))``. A background worker that probes may itself
+    be paused (stopped) by a measurement elsewhere, or share a core: that stretches its wall times, not its CPU
+    times, so the slowdown a rule takes is the smaller of the two ratios."""
+    times: tuple[list[float], ...] = ([], [], [], [])  # wall of first, second; CPU of first, second
     with torch.no_grad(), paused():
         first(), second()  # warm-up
         start = time.perf_counter()
         while len(times[0]) < PROBE_CALLS or time.perf_counter() - start < PROBE_S:
-            for call, spent in zip((first, second), times):
-                began = time.perf_counter()
+            for index, call in enumerate((first, second)):
+                wall, cpu = time.perf_counter(), time.process_time()
                 call()
-                spent.append((time.perf_counter() - began) * 1000.0)
-    return statistics.median(times[0]), statistics.median(times[1])
+                times[index].append(time.perf_counter() - wall)
+                times[2 + index].append(time.process_time() - cpu)
+    medians = [statistics.median(spent) for spent in times]
+    return (medians[0], medians[1]), (medians[2], medians[3])

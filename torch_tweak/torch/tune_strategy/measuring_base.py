@@ -73,7 +73,7 @@ from torch_tweak.torch.tune_strategy.results import (
 )
 from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
 from torch_tweak.torch.tune_strategy.screening import BuildCosts, ScreeningSteps, screening_plan
-from torch_tweak.torch.tune_strategy.stand_ins import StandIns
+from torch_tweak.torch.tune_strategy.stand_ins import StandIns, skipped_row
 from torch_tweak.torch.tune_strategy.sweeping import sweep_backend
 from torch_tweak.utils.validate import check_bool, check_int, check_positive
 
@@ -286,8 +286,11 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
                 continue
             else:
                 started = time.perf_counter()
-                if ahead is not None:
-                    ahead.before_turn(template)
+                decided = ahead.before_turn(template) if ahead is not None else None
+                if decided is not None:  # the background worker's stand-in probe: no build
+                    task.report.candidates.append(row := skipped_row(template, role, decided))
+                    logger.info("%s: %s %s", describe_task(task), row.backend, row.error)
+                    continue
                 if executor is None or shared is None:
                     evaluation = self._evaluate(template, task, role, own_plan)
                 else:

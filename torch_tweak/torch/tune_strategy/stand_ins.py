@@ -183,16 +183,19 @@ class StandIns:
                 f"than its float one), and nn.Linear layers do {share:.0%} of the graph's multiply-adds, so "
                 "quantizing cannot make the graph faster")
 
-    def _skipped_whatever_measured(self, template: Backend, task: GraphTask) -> bool:
-        """Whether a rule above skips ``template`` in its turn whatever the other candidates measure: TorchAO's
-        default on a graph whose ``nn.Linear`` layers do too little, or whose int8 layer is slow here (its
-        background build would be wasted)."""
+    def _skipped_whatever_measured(self, template: Backend, task: GraphTask) -> tuple[bool, str | None]:
+        """Whether a rule above skips ``template`` in its turn whatever the other candidates measure (its background
+        build would be wasted: TorchAO's default on a graph whose ``nn.Linear`` layers do too little, or whose int8
+        layer is slow here), and the reason when it is final: the probe's and the small-matrices rule's depend on
+        the graph and this CPU only, so the turn takes them as they are; the linear-share rule waits for Inductor's
+        measurement in the turn (without one, TorchAO is built then: only the head start is lost)."""
         if not self.skip_stand_ins or template.key() != _default_key(_TORCHAO):
-            return False
-        share = linear_share(task.module, task)  # the rule waits for Inductor's measurement (without one, TorchAO
-        if share is not None and share < LINEAR_SHARE:  # is built in its turn: only the head start is lost)
-            return True
-        return _small_matrices_reason(task) is not None or self._probe_reason(template, task) is not None
+            return False, None
+        share = linear_share(task.module, task)
+        if share is not None and share < LINEAR_SHARE:
+            return True, None
+        reason = _small_matrices_reason(task) or self._probe_reason(template, task)
+        return reason is not None, reason
 
     def _kernel_bound_reason(self: Any, task: GraphTask, evaluations: list[Evaluation]) -> str | None:
         """Why Inductor cannot come close enough to the best candidate to be kept (None: it might)."""
