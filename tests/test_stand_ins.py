@@ -337,22 +337,33 @@ def _ov_int8_pair(monkeypatch, probed: list[str], float_s: float, int8_s: float)
 def test_openvino_int8_is_skipped_where_it_is_built_when_its_int8_layer_is_not_faster(monkeypatch) -> None:
     probed: list[str] = []
     _ov_int8_pair(monkeypatch, probed, float_s=0.001, int8_s=0.002)
-    wide = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)).eval()
+    def wide() -> torch.nn.Module:  # the same weights each time: the same results in the cache
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)).eval()
+
     int8 = [OpenVINOBackend(OpenVINOBackendConfig(quantization="int8", performance_hint=hint))
             for hint in ("LATENCY", "THROUGHPUT")]
-    report = tt.tune(tt.Module(wide, name="wide", strategy=tt.HighestThroughputStrategy(int8)),
-                     [torch.randn(512) for _ in range(8)], batch_sizes=[1, 8], executor="inline")
-    rows = [c for c in report.modules[0].graphs[0].candidates if c.role == "candidate"]
+    data = [torch.randn(512) for _ in range(8)]
+
+    def tune(name: str) -> list[CandidateReport]:  # results are keyed by weights, not by the module's name
+        report = tt.tune(tt.Module(wide(), name=name, strategy=tt.HighestThroughputStrategy(int8)), data,
+                         batch_sizes=[1, 8], executor="inline")
+        return [c for c in report.modules[0].graphs[0].candidates if c.role == "candidate"]
+
+    rows = tune("first")
     assert [r.status for r in rows] == ["skipped", "skipped"] and all(r.build_time_s is None for r in rows)
     assert rows[0].error.startswith("skipped: its int8 copy of this graph's largest nn.Linear call (8x512 -> 512), "
                                     "built and timed as it would run, took ")
     assert "nn.Linear layers do 100% of the graph's multiply-adds" in rows[0].error
     assert probed == ["OpenVINOBackend(quantization=int8) (8, 512) -> 512"]  # once: the twin quantizes the same
+    again = tune("again")  # the probe's verdict is a result like any other: reused, not probed again
+    assert [(r.status, r.reused, r.error) for r in again] == [("skipped", True, r.error) for r in rows]
+    assert len(probed) == 1
     strategy = tt.HighestThroughputStrategy()
     assert strategy._probe_reason(int8[0], _RecordedTask(cnn(), {2: torch.randn(2, 3, 8, 8)})) is None
     assert len(probed) == 1  # a CNN's convolutions are not linear layers: no probe
     assert tt.HighestThroughputStrategy(skip_stand_ins=False)._probe_reason(
-        int8[0], _RecordedTask(wide, {8: torch.randn(8, 512)})) is None
+        int8[0], _RecordedTask(wide(), {8: torch.randn(8, 512)})) is None
 
 
 @NEEDS_OV_NNCF

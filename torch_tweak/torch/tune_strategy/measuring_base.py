@@ -290,6 +290,8 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
                 if decided is not None:  # the background worker's stand-in probe: no build
                     task.report.candidates.append(row := skipped_row(template, role, decided))
                     logger.info("%s: %s %s", describe_task(task), row.backend, row.error)
+                    if cache is not None:
+                        cache.store(key, row, None)
                     continue
                 if executor is None or shared is None:
                     evaluation = self._evaluate(template, task, role, own_plan)

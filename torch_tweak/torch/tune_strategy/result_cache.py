@@ -10,8 +10,9 @@ library or CPU therefore misses exactly the affected entries; stale files are ne
 with ``tt.tune(clear_cache=True)`` or ``torch-tweak cache clear``.
 
 Only outcomes that a rerun would reproduce are kept (passed, rejected, failed to build or to run, screened out
-before its check: measured below what it needed, it is never chosen when reused); a timeout or a skipped
-candidate is tried again. A reused candidate that the strategy chooses is built again (OpenVINO and ONNX Runtime
+before its check: measured below what it needed, it is never chosen when reused; skipped by an int8 probe where
+it was to be built: a verdict on the graph and this CPU, which the key holds); a timeout, or a candidate skipped
+for what other candidates measured or for the time budget, is tried again. A reused candidate that the strategy chooses is built again (OpenVINO and ONNX Runtime
 reuse their converted files; compilers their own caches) and checked again on the current samples before it
 serves. A stored file is JSON parsed into plain values; a malformed one is a miss.
 """
@@ -42,8 +43,10 @@ from torch_tweak.torch.tune_strategy.results import Evaluation, Plan
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
+# screened out: measured before its check; skipped: only a probe's verdict reaches the cache (the other skips are
+# decided before a candidate is evaluated, and never stored)
 REUSABLE = {CandidateStatus.PASSED, CandidateStatus.REJECTED, CandidateStatus.BUILD_FAILED,
-            CandidateStatus.INFER_FAILED, CandidateStatus.SCREENED_OUT}  # screened out: measured before its check
+            CandidateStatus.INFER_FAILED, CandidateStatus.SCREENED_OUT, CandidateStatus.SKIPPED}
 
 
 class ResultCache:
