@@ -80,10 +80,8 @@ class GraphTask:
             ``tt.tune(time_budget_s=...)``); None means no budget. Strategies skip candidates that would not fit.
         executor: where the measuring strategies evaluate candidates (``tt.tune(executor=...)``); None or an
             executor that is not isolated: in this process.
-        judged: the rows of candidates that passed a full check, by :meth:`Backend.outputs_key` (shared by the
-            copies of a task made for each candidate): their twins are confirmed on one call.
-        probed: what the stand-in rules measured on the graph where candidates are built (``stand_ins.py``), by
-            what they measured, shared like ``judged``.
+        judged, probed: rows that passed a full check (``twins.py``) and what the stand-in probes measured
+            (``stand_ins.py``), kept for the candidates after them (the task's copies share both).
     """
 
     module: nn.Module
@@ -254,14 +252,12 @@ class TuneStrategy(ABC):
                     judged: CandidateReport | None = None) -> tuple[Backend, CandidateReport]:
         """Build and check a copy of ``template``; raises :class:`CandidateFailedError` with the report row.
 
-        The backend returned is the built copy, or that copy behind the non-finite guard (then the row's
-        ``backend`` says so); either way it is what the strategy measures and may choose. ``confirm`` checks
-        a build whose outputs were judged before (the same artifact, rebuilt; the eager baseline against its
-        own recordings): the in-memory call of the smallest batch first, every judged call only if it does not
-        pass; ``judged`` is the judged build's row, whose non-finite probe outcome the rebuild keeps.
-        ``before_check`` runs on the built copy and its row before the check; it may end the candidate by raising
-        :class:`CandidateFailedError` (a measuring strategy's screening: a candidate too slow to be kept).
-        """
+        Returns the built copy, or that copy behind the non-finite guard (the row's ``backend`` says so): what the
+        strategy measures and may choose. ``confirm`` checks a build whose outputs were judged before (the same
+        artifact rebuilt, or a twin; the eager baseline against its own recordings) on the in-memory call of the
+        smallest batch, on every judged call only if that one fails; ``judged`` is the judged build's row, whose
+        non-finite probe outcome it keeps. ``before_check`` runs on the built copy and its row before the check
+        and may end the candidate by raising :class:`CandidateFailedError` (screening a candidate too slow)."""
         backend = copy.deepcopy(template)
         row = CandidateReport(backend=backend.describe(), key=backend.key(), role=role)
         task.report.candidates.append(row)
@@ -295,11 +291,10 @@ class TuneStrategy(ABC):
                judged: CandidateReport | None = None) -> Backend:
         """Compare ``backend`` on the recorded calls (:meth:`GraphTask.judged_calls`: the in-memory samples and
         the held-out calls kept on disk, one at a time), then probe it; returns it, or it behind the guard.
-        ``confirm``: the smallest in-memory call alone when it passes (one call shows that the artifact loaded
-        and computes what was judged; a call can fail a pooled task metric or a mismatch fraction that every
-        call passes, so then every call is judged), and the probe outcome of ``judged`` when it has one (a
-        ResNet-50 rebuilt on 2 cores: 0.3 s to build and confirm, against 8.6 s with every in-memory call, up to
-        batch 32, and both probes again)."""
+        ``confirm``: the smallest in-memory call alone when it passes (it shows that the artifact computes what was
+        judged; one call can fail a pooled task metric that every call passes: then every call is judged), and the
+        probe outcome of ``judged`` (a ResNet-50 rebuilt on 2 cores: 0.3 s to build and confirm, 8.6 s with every
+        in-memory call up to batch 32 and both probes); a ``judged`` row in another precision is no confirmation."""
 
         def outputs(held_out_calls: bool = True, smallest_only: bool = False) -> Iterator[tuple[Any, Any, bool]]:
             for (args, kwargs), expected, held_out in task.judged_calls(held_out_calls, smallest_only):
@@ -314,7 +309,7 @@ class TuneStrategy(ABC):
                 yield expected, actual, held_out
 
         precision = row.precision or "fp32"
-        confirm = confirm and (judged is None or judged.precision == row.precision)  # else judged by another bound
+        confirm = confirm and (judged is None or judged.precision == row.precision)
         result = check_calls(outputs(False, True), precision, self.fidelity) if confirm and task.samples else None
         if result is None or not result.passed:
             result = check_calls(outputs(), precision, self.fidelity)
@@ -363,21 +358,6 @@ def _guard(backend: Backend, task: GraphTask, row: CandidateReport, sample: Samp
     return guard, merged
 
 
-def twin_of(task: GraphTask, template: Backend) -> CandidateReport | None:
-    """The row of a candidate judged on every recorded call that computes what ``template`` computes (the same
-    :meth:`Backend.outputs_key`), if one passed in this task."""
-    key = template.outputs_key()
-    return task.judged.get(key) if key is not None else None
-
-
-def remember_judged(task: GraphTask, template: Backend, row: CandidateReport) -> None:
-    """Keep ``row`` as the judged twin of ``template``'s outputs key when it passed a full check."""
-    key = template.outputs_key()
-    fidelity = row.fidelity if isinstance(row.fidelity, dict) else {}
-    if key is not None and row.status == PASSED and fidelity and not fidelity.get("judged_with"):
-        task.judged.setdefault(key, row)
-
-
 def release_scratch(backend: Backend) -> None:
     """:meth:`Backend.release_scratch` on ``backend`` and every backend it delegates to (a router's routes, a
     guard's inner backend): a built candidate that waits, or serves, need not keep its largest batch's buffers."""
@@ -406,8 +386,6 @@ def describe_task(task: GraphTask) -> str:
 
 def backends_from(backends: Any, owner: str) -> list[Backend]:
     """Validate a user-given iterable of backend templates."""
-    from torch_tweak.errors import ConfigError
-
     if backends is None:
         return []
     items = list(backends)

@@ -54,8 +54,6 @@ from torch_tweak.torch.tune_strategy.base import (
     describe_task,
     format_failures,
     release_quietly,
-    remember_judged,
-    twin_of,
 )
 from torch_tweak.torch.tune_strategy.batch_search import search_if_enabled
 from torch_tweak.torch.tune_strategy.eager_gate import EagerGate
@@ -75,6 +73,7 @@ from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_route
 from torch_tweak.torch.tune_strategy.screening import BuildCosts, ScreeningSteps, screening_plan
 from torch_tweak.torch.tune_strategy.stand_ins import StandIns, skipped_row
 from torch_tweak.torch.tune_strategy.sweeping import sweep_backend
+from torch_tweak.torch.tune_strategy.twins import remember_judged, twin_of
 from torch_tweak.utils.validate import check_bool, check_int, check_positive
 
 logger = logging.getLogger(__name__)
