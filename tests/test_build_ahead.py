@@ -36,18 +36,49 @@ DATA = [torch.randn(8) for _ in range(6)]
 
 class BuildsLoggedBackend(TorchEagerBackend):
     """Eager that compiles ahead (so a process executor builds it in the background first) and appends, at each
-    build, the building process's id, process group and priority to a file."""
+    build, the building process's id, process group and priority to a file; a build takes ``seconds``."""
 
-    def __init__(self, log: str = "") -> None:
+    def __init__(self, log: str = "", seconds: float = 0.0, name: str = "") -> None:
         super().__init__()
-        self.log = log
+        self.log, self.seconds, self.label = log, seconds, name
 
     def compiles_ahead(self) -> bool:
         return True
 
+    def describe(self) -> str:
+        return f"BuildsLoggedBackend({self.label})"
+
+    def key(self) -> str:
+        return f"{super().key()}-{self.label}"
+
     def _build(self, module, graph_spec, data, cache_dir):
         with open(self.log, "a", encoding="utf-8") as out:
-            out.write(json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0), "nice": os.nice(0)}) + "\n")
+            out.write(json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0), "nice": os.nice(0),
+                                  "name": self.label}) + "\n")
+        time.sleep(self.seconds)
+        return super()._build(module, graph_spec, data, cache_dir)
+
+
+class WaitsForBuildBackend(TorchEagerBackend):
+    """Eager whose build in its turn waits until ``BuildsLoggedBackend(name)`` was built (it does not compile
+    ahead), so that the background worker has gone on to its next build by the turn after this one."""
+
+    def __init__(self, log: str = "", name: str = "") -> None:
+        super().__init__()
+        self.log, self.awaited = log, name
+
+    def describe(self) -> str:
+        return "WaitsForBuildBackend()"
+
+    def key(self) -> str:
+        return f"{super().key()}-waits"
+
+    def _build(self, module, graph_spec, data, cache_dir):
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+                os.path.exists(self.log) and f'"name": "{self.awaited}"' in Path(self.log).read_text()):
+            time.sleep(0.05)
+        time.sleep(0.5)
         return super()._build(module, graph_spec, data, cache_dir)
 
 
@@ -171,16 +202,17 @@ def _tune(tmp_path, executor, name, reuse_results=False):
     return [json.loads(line) for line in log.read_text().splitlines()], report.module(name).graphs[0]
 
 
-def test_a_candidate_that_compiles_ahead_is_built_in_the_background_first_then_in_its_turn(tmp_path, caplog):
+def test_a_candidate_built_ahead_is_checked_and_measured_by_the_background_worker_in_its_turn(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="torch_tweak"):
         builds, graph = _tune(tmp_path, "process", "ahead")
-    background, worker, here = builds[0], builds[1], builds[-1]
+    background = builds[0]
     assert background["pgid"] == background["pid"] and background["nice"] == 19
-    assert worker["pid"] != background["pid"] and worker["pgid"] != worker["pid"] and worker["nice"] == 0
-    assert here["pid"] == os.getpid() or len(builds) == 2  # the winner is built again here to serve
-    assert any("was built ahead in the background" in r.getMessage() for r in caplog.records)
+    assert all(b["pid"] in (background["pid"], os.getpid()) for b in builds)  # no build again in the main worker
+    assert any("checked and measured there in its turn" in r.getMessage() for r in caplog.records)
     row = next(r for r in graph.candidates if r.backend.startswith("BuildsLoggedBackend"))
-    assert row.status in ("chosen", "passed")
+    assert row.status in ("chosen", "passed") and row.worker.startswith(f"pid {background['pid']} ")
+    assert row.measurements["batch_sizes"] == [1, 2]
+    assert row.fidelity["passed"]
     assert not pause.held()  # the tuning process let go of the finished background group
     with pytest.raises(ProcessLookupError):  # the background worker's group is gone with the graph's tuning
         os.killpg(background["pgid"], 0)
@@ -188,6 +220,39 @@ def test_a_candidate_that_compiles_ahead_is_built_in_the_background_first_then_i
     while _senders() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _senders()  # and the thread that sent it work
+
+
+def test_a_screened_candidate_evaluated_in_the_background_is_swept_there(tmp_path):
+    log = tmp_path / "swept.jsonl"
+    strategy = tt.HighestThroughputStrategy([TorchEagerBackend(), BuildsLoggedBackend(str(log))], profiling=FAST,
+                                            eager_margin=0.0, screening=True, screening_margin=0.99)
+    report = tt.tune(tt.Module(mlp(), name="swept", strategy=strategy), DATA, batch_sizes=[1, 2, 4],
+                     executor="process")
+    row = next(r for r in report.module("swept").graphs[0].candidates if r.backend.startswith("BuildsLoggedBackend"))
+    assert row.measurements["batch_sizes"] == [1, 2, 4]  # screened at 1, 4; swept
+    builds = [json.loads(line) for line in log.read_text().splitlines()]
+    assert builds[0]["nice"] == 19 and all(b["pid"] in (builds[0]["pid"], os.getpid()) for b in builds)
+
+
+def test_a_build_ahead_whose_turn_finds_the_background_busy_is_built_again_by_the_main_worker(tmp_path, caplog):
+    log = tmp_path / "busy.jsonl"
+    quick, slow = BuildsLoggedBackend(str(log), 0.0, "quick"), BuildsLoggedBackend(str(log), 6.0, "slow")
+    waits = WaitsForBuildBackend(str(log), "quick")
+    strategy = tt.HighestThroughputStrategy([TorchEagerBackend(), waits, quick, slow], profiling=FAST,
+                                            eager_margin=0.0, screening=False)
+    with caplog.at_level(logging.INFO, logger="torch_tweak"):
+        report = tt.tune(tt.Module(mlp(), name="busy", strategy=strategy), DATA, batch_sizes=[1, 2],
+                         executor="process")
+    builds = [json.loads(line) for line in log.read_text().splitlines()]
+    first_quick = next(b for b in builds if b["name"] == "quick")
+    assert first_quick["nice"] == 19  # built ahead, then the background went on to build "slow"
+    rows = {r.backend: r for r in report.module("busy").graphs[0].candidates}
+    quick_row, slow_row = rows["BuildsLoggedBackend(quick)"], rows["BuildsLoggedBackend(slow)"]
+    assert any("the main worker builds it again in its turn" in r.getMessage() for r in caplog.records)
+    assert [b["nice"] for b in builds if b["name"] == "quick"][:2] == [19, 0]
+    assert not quick_row.worker.startswith(f"pid {first_quick['pid']} ")
+    assert slow_row.worker.startswith(f"pid {first_quick['pid']} ")  # its turn waited for it: measured there
+    assert [b["nice"] for b in builds if b["name"] == "slow"][:1] == [19]
 
 
 class BackgroundSkips(tt.HighestThroughputStrategy):

@@ -56,14 +56,16 @@ def members(group: tuple[int, int]) -> list[int]:
 
 
 def hold(groups: Iterable[tuple[int, int]]) -> None:
-    """Pause these process groups during this process's measurements from now on (in addition to the held)."""
-    _held.update(groups)
+    """Pause these process groups during this process's measurements from now on (in addition to the held); never
+    this process's own group (the background worker measures what it built ahead, with the graph's context)."""
+    own = os.getpgrp()
+    _held.update(group for group in groups if group[0] != own)
 
 
 def hold_only(groups: Iterable[tuple[int, int]]) -> None:
     """Pause exactly these process groups from now on (a worker gets the groups of each graph's context)."""
     _held.clear()
-    _held.update(groups)
+    hold(groups)
 
 
 def release(groups: Iterable[tuple[int, int]]) -> None:

@@ -65,6 +65,7 @@ class BackgroundBuilds:
         self._outcomes: dict[int, Outcome] = {}
         self._tickets = itertools.count(1)
         self._gone: str | None = None  # why the one worker is gone (a replacement would not be in a paused group)
+        self._holding = False  # no unit is sent until :meth:`resume`
         self._guard: GroupGuard | None = None
 
     @property
@@ -76,12 +77,24 @@ class BackgroundBuilds:
         start = start_time(worker.process.pid)
         return None if start is None else (worker.process.pid, start)
 
-    def start(self, shared: Shared, fn: Callable[..., Any], args: tuple[Any, ...], label: str) -> int:
-        """Queue ``fn(context, *args)``; it starts when the units queued before it are done. Returns its ticket."""
+    def start(self, shared: Shared, fn: Callable[..., Any], args: tuple[Any, ...], label: str,
+              first: bool = False) -> int:
+        """Queue ``fn(context, *args)``; it starts when the units queued before it are done (``first``: before every
+        queued unit, once the running one is done). Returns its ticket."""
         unit = _Unit(next(self._tickets), shared, fn, args, label)
-        self._waiting.append(unit)
+        self._waiting.insert(0 if first else len(self._waiting), unit)
         self.watch()
         return unit.ticket
+
+    def busy(self, ticket: int) -> bool:
+        """Whether the worker runs a unit other than ``ticket``'s."""
+        self.watch()
+        return self._running is not None and self._running.ticket != ticket
+
+    def resume(self) -> None:
+        """Send queued units again after a :meth:`wait` with ``hold``."""
+        self._holding = False
+        self.watch()
 
     def started(self, ticket: int) -> bool:
         """Whether the unit is running or done (False: still queued, or dropped)."""
@@ -97,10 +110,12 @@ class BackgroundBuilds:
             self._kill()
             self.watch()
 
-    def wait(self, ticket: int, time_limit_s: float | None) -> Outcome:
+    def wait(self, ticket: int, time_limit_s: float | None, hold: bool = False) -> Outcome:
         """The unit's outcome, once it is done (its unit and those before it are run first; nothing measures
-        while the caller waits, so the worker's group is continued)."""
+        while the caller waits, so the worker's group is continued). ``hold`` (for a unit that has started): the
+        units queued after it wait for :meth:`resume`, so the caller can put one of its own first."""
         deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+        self._holding = hold
         self._continue()
         while ticket not in self._outcomes:
             running = self._running is not None and self._running.ticket == ticket
@@ -135,7 +150,7 @@ class BackgroundBuilds:
             elif (resident := resident_bytes(worker.process.pid or 0)) is not None and resident > self._memory_limit:
                 self._fail_running(OUT_OF_MEMORY, f"its worker reached {resident / 2**30:.1f} GiB of resident "
                                                   f"memory, above the limit of {self._memory_limit / 2**30:.1f} GiB")
-        if self._running is None and self._waiting:
+        if self._running is None and self._waiting and not self._holding:
             self._send(self._waiting.pop(0))
 
     def close(self) -> None:

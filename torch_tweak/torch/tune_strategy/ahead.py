@@ -26,60 +26,118 @@ import time
 from typing import Any
 
 from torch_tweak.torch.backend.backend import Backend
-from torch_tweak.torch.executor.base import Background, Executor, Failure, Shared
+from torch_tweak.torch.executor.base import TIMED_OUT, Background, Executor, Failure, Outcome, Pending, Shared
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
-from torch_tweak.torch.tune_strategy.isolated import build_ahead
+from torch_tweak.torch.tune_strategy.isolated import (
+    build_ahead,
+    evaluate_candidate,
+    forget_built,
+    keep_only,
+    sweep_candidate,
+)
 from torch_tweak.torch.tune_strategy.result_cache import ResultCache
-from torch_tweak.torch.tune_strategy.results import BASELINE
+from torch_tweak.torch.tune_strategy.results import BASELINE, Plan
 from torch_tweak.utils import pause
 
 logger = logging.getLogger(__name__)
 
 
+class _Evaluated(Pending):
+    """A candidate's evaluation that the background worker ran in its turn."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        self._outcome = outcome
+
+    def result(self) -> Outcome:
+        return self._outcome
+
+
 class BuildsAhead:
     """The background builds of one graph's candidates, by backend key."""
 
-    def __init__(self, background: Background, tickets: dict[str, int], task: GraphTask,
+    def __init__(self, background: Background, shared: Shared, tickets: dict[str, int], task: GraphTask,
                  time_limit_s: float | None) -> None:
         self._background = background
+        self._shared = shared
         self._tickets = tickets
         self._task = task
         self._time_limit_s = time_limit_s
+        self._kept: set[str] = set()  # keys of candidates the background worker keeps for their sweep
         self.group = background.group
         if self.group is not None:
             pause.hold([self.group])  # this process's timed calls pause it too
 
-    def before_turn(self, template: Backend) -> str | None:
-        """Wait for ``template``'s background build if it has started; drop it if it has not. Returns the reason a
-        stand-in rule skips the candidate when the background worker decided that for good (its int8 probe: timed
-        there in process CPU time too, which neither a pause nor a busy core inflates), else None."""
+    def take_turn(self, template: Backend, role: str, plan: Plan, keep: bool) -> str | Pending | None:
+        """In ``template``'s turn: wait for its background build if that has started (drop it if it has not).
+
+        Returns the reason a stand-in rule skips the candidate when the background worker decided that for good
+        (its int8 probe: timed there in process CPU time too, which neither a pause nor a busy core inflates);
+        the candidate's evaluation (:func:`evaluate_candidate`, ``keep`` as there) by the background worker on the
+        build it made, when that worker has nothing else running (the main worker idles meanwhile); or None: the
+        main worker builds, checks and measures it, its build starting from the compiler's warm caches."""
         ticket = self._tickets.pop(template.key(), None)
+        background, name = self._background, template.describe()
         if ticket is None:
             return None
-        if not self._background.started(ticket):
-            self._background.drop(ticket)
+        if not background.started(ticket):
+            background.drop(ticket)
             return None
         start = time.perf_counter()
-        outcome = self._background.wait(ticket, self._time_limit_s)
-        waited = time.perf_counter() - start
-        if isinstance(outcome, Failure):
-            logger.info("%s: %s was not built ahead (%s); it is built in its turn", describe_task(self._task),
-                        template.describe(), outcome.message)
-        elif outcome.value is None or isinstance(outcome.value, str):
-            logger.debug("%s: %s was not built ahead: a stand-in rule skips it", describe_task(self._task),
-                         template.describe())
-            return outcome.value
-        else:
-            logger.info("%s: %s was built ahead in the background in %.1f s (waited %.1f s for it now); its build in "
-                        "turn starts from the compiler's warm caches", describe_task(self._task),
-                        template.describe(), outcome.value, waited)
-        return None
+        outcome = background.wait(ticket, self._time_limit_s, hold=True)  # its next unit waits for the turn
+        try:
+            waited = time.perf_counter() - start
+            if isinstance(outcome, Failure):
+                logger.info("%s: %s was not built ahead (%s); it is built in its turn", describe_task(self._task),
+                            name, outcome.message)
+                return None
+            if outcome.value is None or isinstance(outcome.value, str):
+                logger.debug("%s: %s was not built ahead: a stand-in rule skips it", describe_task(self._task), name)
+                return outcome.value  # type: ignore[no-any-return]
+            built = f"{name} was built ahead in the background in {outcome.value:.1f} s (waited {waited:.1f} s for it now)"
+            if background.busy(ticket):  # it went on to the next build: this one would wait for that
+                background.start(self._shared, forget_built, (), f"{describe_task(self._task)}: releasing builds",
+                                 first=True)
+                logger.info("%s: %s; the main worker builds it again in its turn, from the compiler's warm caches",
+                            describe_task(self._task), built)
+                return None
+            evaluation = background.start(self._shared, evaluate_candidate, (template, role, plan, keep),
+                                          f"{describe_task(self._task)} candidate {name}", first=True)
+            background.resume()
+            evaluated = background.wait(evaluation, self._time_limit_s)
+        finally:
+            background.resume()
+        if isinstance(evaluated, Failure) and evaluated.kind != TIMED_OUT:
+            logger.info("%s: %s; checking and measuring it there failed (%s), so the main worker evaluates it",
+                        describe_task(self._task), built, evaluated.message)
+            return None
+        logger.info("%s: %s, and checked and measured there in its turn", describe_task(self._task), built)
+        if keep:
+            self._kept.add(template.key())
+        return _Evaluated(evaluated)
+
+    def sweep(self, template: Backend, role: str, plan: Plan) -> Outcome | None:
+        """The sweep of ``plan`` by the background worker when it keeps ``template`` from its turn, else None."""
+        if template.key() not in self._kept:
+            return None
+        self._kept.discard(template.key())
+        ticket = self._background.start(self._shared, sweep_candidate, (template, role, plan),
+                                        f"{describe_task(self._task)} candidate {template.describe()}", first=True)
+        return self._background.wait(ticket, self._time_limit_s)
+
+    def keep_only(self, keys: list[str]) -> None:
+        """Let the background worker release the candidates it keeps whose keys are not in ``keys``."""
+        if self._kept - set(keys):
+            self._kept &= set(keys)
+            self._background.start(self._shared, keep_only, (keys,), f"{describe_task(self._task)}: releasing",
+                                   first=True)
 
     def skipped(self, template: Backend) -> None:
         """``template`` will not be built: its background build is dropped (a running one is stopped)."""
         ticket = self._tickets.pop(template.key(), None)
         if ticket is not None:
             self._background.drop(ticket)
+            self._background.start(self._shared, forget_built, (), f"{describe_task(self._task)}: releasing builds",
+                                   first=True)  # in case it was built already
 
     def close(self) -> None:
         """Stop the background worker (tuning of the graph ended, or failed)."""
@@ -111,7 +169,7 @@ def start_builds_ahead(strategy: Any, task: GraphTask, executor: Executor | None
         logger.info("%s: no background builds (%s)", describe_task(task), exc)
         background.close()
         return None
-    ahead = BuildsAhead(background, tickets, task, strategy.candidate_time_limit_s)
+    ahead = BuildsAhead(background, shared, tickets, task, strategy.candidate_time_limit_s)
     if ahead.group is None:  # no /proc to tell the worker's start time: its group could not be paused safely
         logger.info("%s: no background builds (this system does not show process start times)", describe_task(task))
         ahead.close()

@@ -249,7 +249,8 @@ class TuneStrategy(ABC):
 
     def try_backend(self, template: Backend, task: GraphTask, role: str = "candidate", confirm: bool = False,
                     before_check: Callable[[Backend, CandidateReport], None] | None = None,
-                    judged: CandidateReport | None = None) -> tuple[Backend, CandidateReport]:
+                    judged: CandidateReport | None = None,
+                    built: tuple[Backend, float] | None = None) -> tuple[Backend, CandidateReport]:
         """Build and check a copy of ``template``; raises :class:`CandidateFailedError` with the report row.
 
         Returns the built copy, or that copy behind the non-finite guard (the row's ``backend`` says so): what the
@@ -257,25 +258,24 @@ class TuneStrategy(ABC):
         artifact rebuilt, or a twin; the eager baseline against its own recordings) on the in-memory call of the
         smallest batch, on every judged call only if that one fails; ``judged`` is the judged build's row, whose
         non-finite probe outcome it keeps. ``before_check`` runs on the built copy and its row before the check
-        and may end the candidate by raising :class:`CandidateFailedError` (screening a candidate too slow)."""
-        backend = copy.deepcopy(template)
-        row = CandidateReport(backend=backend.describe(), key=backend.key(), role=role)
+        and may end the candidate by raising :class:`CandidateFailedError` (screening a candidate too slow).
+        ``built``: the copy built already by :func:`build_in_cache` (ahead of its turn) and its build seconds."""
+        row = CandidateReport(backend=template.describe(), key=template.key(), role=role)
         task.report.candidates.append(row)
         progress.update(candidate=row.backend, phase="build")
-        cache_dir = secure_mkdir(task.cache_dir / backend.key())
-        touch(cache_dir)  # recently used: the cache's size limit deletes the least recently used first
-        log_path = cache_dir / "build.log"
-        row.log_path = str(log_path)
-        start = time.perf_counter()
-        try:
-            with capture_output(log_path, console=config.console_output):
-                backend.build(task.module, task.graph_spec, task.build_data(backend), task.device, cache_dir)
-        except Exception as exc:
+        row.log_path = str(task.cache_dir / template.key() / "build.log")
+        if built is not None:
+            backend, row.build_time_s = built
+        else:
+            backend, start = copy.deepcopy(template), time.perf_counter()
+            try:
+                build_in_cache(backend, task, config.console_output)
+            except Exception as exc:
+                row.build_time_s = time.perf_counter() - start
+                row.status = BUILD_FAILED
+                row.error = f"{type(exc).__name__}: {exc} (build log: {row.log_path})"
+                raise CandidateFailedError(row) from exc
             row.build_time_s = time.perf_counter() - start
-            row.status = BUILD_FAILED
-            row.error = f"{type(exc).__name__}: {exc} (build log: {log_path})"
-            raise CandidateFailedError(row) from exc
-        row.build_time_s = time.perf_counter() - start
         row.precision = backend.executed_precision
         if before_check is not None:
             before_check(backend, row)
@@ -363,6 +363,15 @@ def release_scratch(backend: Backend) -> None:
     guard's inner backend): a built candidate that waits, or serves, need not keep its largest batch's buffers."""
     for component in backend.components():
         component.release_scratch()
+
+
+def build_in_cache(backend: Backend, task: GraphTask, console: bool) -> None:
+    """Build ``backend`` (a copy of a candidate template) for ``task`` in its folder of the task's cache, where
+    ``build.log`` captures what the build prints (shown too with ``console``)."""
+    cache_dir = secure_mkdir(task.cache_dir / backend.key())
+    touch(cache_dir)  # recently used: the cache's size limit deletes the least recently used first
+    with capture_output(cache_dir / "build.log", console=console):
+        backend.build(task.module, task.graph_spec, task.build_data(backend), task.device, cache_dir)
 
 
 def release_quietly(backend: Backend) -> None:

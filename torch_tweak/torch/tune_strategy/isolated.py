@@ -18,7 +18,6 @@ import copy
 import ctypes
 import logging
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,6 +31,7 @@ from torch_tweak.torch.executor.base import (
     WRONG_HARDWARE,
     Executor,
     Failure,
+    Outcome,
     Pending,
     Shared,
 )
@@ -41,13 +41,13 @@ from torch_tweak.torch.report.status import CandidateStatus
 from torch_tweak.torch.tune_strategy.base import (
     CandidateFailedError,
     GraphTask,
+    build_in_cache,
     describe_task,
     release_quietly,
     release_scratch,
 )
 from torch_tweak.torch.tune_strategy.results import BASELINE, Evaluation, Plan, selection_dict
 from torch_tweak.utils import pause
-from torch_tweak.utils.capture import capture_output
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,8 @@ class WorkerContext:
     task: GraphTask
     #: Built candidates kept in the worker for their full sweep (``keep``), by backend key.
     kept: dict[str, Backend] = field(default_factory=dict)
+    #: In the background worker: candidates built ahead of their turn and their build seconds, by backend key.
+    built: dict[str, tuple[Backend, float]] = field(default_factory=dict)
     #: Process groups of background builds that the worker's measurements pause (``utils/pause.py``).
     paused: tuple[tuple[int, int], ...] = ()
 
@@ -67,7 +69,8 @@ class WorkerContext:
 def evaluate_candidate(context: WorkerContext, template: Backend, role: str, plan: Plan,
                        keep: bool = False) -> tuple[CandidateReport, SweepResult | None]:
     """In the worker: build, check and measure ``template`` like the strategy does in process; release it, or
-    with ``keep`` hold it in the context for :func:`sweep_candidate` (screening measured it at two batch sizes)."""
+    with ``keep`` hold it in the context for :func:`sweep_candidate` (screening measured it at two batch sizes).
+    In the background worker, the build it made ahead (:func:`build_ahead`) is checked and measured."""
     pause.hold_only(context.paused)
     task = replace(context.task, report=GraphReport(name=context.task.report.name))
     if task.store is not None and not task.store.folder.is_dir():  # another machine: the caller's disk is not here
@@ -75,7 +78,8 @@ def evaluate_candidate(context: WorkerContext, template: Backend, role: str, pla
                        "in-memory samples only", describe_task(task), task.store.folder)
         task = replace(task, store=None)
     try:
-        backend, sweep = context.strategy._build_and_measure(template, task, role, plan, None)
+        backend, sweep = context.strategy._build_and_measure(template, task, role, plan, None,
+                                                             context.built.pop(template.key(), None))
     except CandidateFailedError as failure:
         return failure.report, None
     if keep:
@@ -102,25 +106,35 @@ def sweep_candidate(context: WorkerContext, template: Backend, role: str, plan: 
 
 
 def build_ahead(context: WorkerContext, template: Backend) -> float | str | None:
-    """In the background worker (``executor/background.py``): build ``template`` as the main worker will in its
-    turn (the same module, graph, samples and threads), so that the compiler's caches on disk are warm by then;
-    nothing is checked or measured, the build is released. Returns its seconds; without a build, when a stand-in
-    rule skips the candidate whatever the others measure (decided here: it runs the module eagerly), the rule's
-    reason if it is final, else None."""
+    """In the background worker (``executor/background.py``): build ``template`` as the main worker would in its
+    turn (the same module, graph, samples, threads and folder), and keep it for :func:`evaluate_candidate` in its
+    turn (:func:`forget_built` releases it if that turn goes to the main worker, whose build then starts from the
+    compiler's warm caches on disk). Nothing is checked or measured here. Returns its seconds; without a build,
+    when a stand-in rule skips the candidate whatever the others measure (decided here: it runs the module
+    eagerly), the rule's reason if it is final, else None."""
     task = context.task
     skipped, reason = context.strategy._skipped_whatever_measured(template, task)
     if skipped:
         return reason
     backend = copy.deepcopy(template)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="torch_tweak-ahead-") as scratch:
-        try:
-            with capture_output(Path(scratch) / "build.log", console=False):
-                backend.build(task.module, task.graph_spec, task.build_data(backend), task.device, Path(scratch))
-        finally:
-            release_quietly(backend)
+    try:
+        build_in_cache(backend, task, console=False)
+    except BaseException:
+        release_quietly(backend)
+        _return_freed_memory()
+        raise
+    seconds = time.perf_counter() - start
+    context.built[template.key()] = (backend, seconds)
+    return seconds
+
+
+def forget_built(context: WorkerContext) -> None:
+    """In the background worker: release the candidates built ahead (their turns went to the main worker)."""
+    for backend, _ in context.built.values():
+        release_quietly(backend)
+    context.built.clear()
     _return_freed_memory()
-    return time.perf_counter() - start
 
 
 def keep_only(context: WorkerContext, keys: list[str]) -> None:
@@ -194,15 +208,18 @@ class IsolatedCandidates:
                                time_limit_s=self.candidate_time_limit_s,
                                label=f"{describe_task(task)} candidate {template.describe()}")
 
-    def _keep_only(self, executor: Executor, shared: Shared, evaluations: list[Evaluation], task: GraphTask) -> None:
-        """Let the worker release the candidates it keeps that are no longer swept (all, when none qualifies)."""
-        if not executor.keeps_state:
-            return
+    def _keep_only(self, executor: Executor, shared: Shared, evaluations: list[Evaluation],
+                   task: GraphTask) -> list[str]:
+        """Let the worker release the candidates it keeps that are no longer swept (all, when none qualifies);
+        returns the keys of those still swept."""
         keys = [e.template.key() for e in evaluations if e.role != BASELINE and e.qualified and e.template is not None]
+        if not executor.keeps_state:
+            return keys
         outcome = executor.submit(shared, keep_only, (keys,), time_limit_s=self.candidate_time_limit_s,
                                   label=f"{describe_task(task)}: releasing screened-out candidates").result()
         if isinstance(outcome, Failure):
             logger.warning("%s: %s", describe_task(task), outcome.message)
+        return keys
 
     def _evaluate_isolated(self, pending: Pending, template: Backend, task: GraphTask, role: str) -> Evaluation:
         """The evaluation of a submitted candidate; its row goes into the graph's report."""
@@ -227,13 +244,16 @@ class IsolatedCandidates:
         return Evaluation(role, row, None, sweep, pick, reused=True)
 
     def _sweep_isolated(self, executor: Executor, shared: Shared, evaluation: Evaluation, task: GraphTask,
-                        plan: Plan) -> SweepResult | None:
+                        plan: Plan, outcome: Outcome | None = None) -> SweepResult | None:
         """Every batch size of ``plan`` for a screened candidate, in a worker (None: it failed there this time,
-        and keeps its screening measurements)."""
+        and keeps its screening measurements). ``outcome``: the sweep by the background worker, which kept the
+        candidate from its turn (``tune_strategy/ahead.py``); if that failed, the main worker sweeps."""
         assert evaluation.template is not None
-        outcome = executor.submit(shared, sweep_candidate, (evaluation.template, evaluation.role, plan),
-                                  time_limit_s=self.candidate_time_limit_s,
-                                  label=f"{describe_task(task)} candidate {evaluation.template.describe()}").result()
+        if outcome is None or isinstance(outcome, Failure):
+            outcome = executor.submit(shared, sweep_candidate, (evaluation.template, evaluation.role, plan),
+                                      time_limit_s=self.candidate_time_limit_s,
+                                      label=f"{describe_task(task)} candidate {evaluation.template.describe()}"
+                                      ).result()
         if isinstance(outcome, Failure):
             logger.warning("%s: sweeping %s failed: %s", describe_task(task), evaluation.row.backend, outcome.message)
             return None

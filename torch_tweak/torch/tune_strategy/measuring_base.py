@@ -219,10 +219,8 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
         ahead = start_builds_ahead(self, task, executor, shared, cache)
         try:
             evaluations = self._evaluate_all(task, plan, screen, cache, executor, shared, ahead)
-            if ahead is not None:
-                ahead.close()
             if screen is not None:
-                self._sweep_survivors(task, evaluations, plan, screen, cache, executor, shared)
+                self._sweep_survivors(task, evaluations, plan, screen, cache, executor, shared, ahead)
                 if executor is not None and shared is not None:
                     self._keep_only(executor, shared, [], task)
         finally:
@@ -285,9 +283,9 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
                 continue
             else:
                 started = time.perf_counter()
-                decided = ahead.before_turn(template) if ahead is not None else None
-                if decided is not None:  # the background worker's stand-in probe: no build
-                    task.report.candidates.append(row := skipped_row(template, role, decided))
+                turn = ahead.take_turn(template, role, own_plan, own_plan is not plan) if ahead is not None else None
+                if isinstance(turn, str):  # the background worker's stand-in probe: no build
+                    task.report.candidates.append(row := skipped_row(template, role, turn))
                     logger.info("%s: %s %s", describe_task(task), row.backend, row.error)
                     if cache is not None:
                         cache.store(key, row, None)
@@ -295,7 +293,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
                 if executor is None or shared is None:
                     evaluation = self._evaluate(template, task, role, own_plan)
                 else:
-                    pending = prefetched.pop(template.key(), None) or \
+                    pending = turn or prefetched.pop(template.key(), None) or \
                         self._submit(executor, shared, template, task, role, own_plan, keep=own_plan is not plan)
                     if executor.concurrent and not prefetched:  # submit the rest now: they run in parallel
                         for other, other_role in queue:
@@ -315,7 +313,9 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
                 qualified = sum(e.qualified for e in evaluations)
                 self._screen(evaluations, screen)
                 if executor is not None and shared is not None and sum(e.qualified for e in evaluations) < qualified:
-                    self._keep_only(executor, shared, evaluations, task)  # the worker drops the screened out
+                    kept = self._keep_only(executor, shared, evaluations, task)  # the workers drop the screened out
+                    if ahead is not None:
+                        ahead.keep_only(kept)
             else:
                 self._release_unneeded(evaluations, self._best(evaluations))
         return evaluations
@@ -361,14 +361,17 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
         row.measurements["selection"] = selection_dict(self.metric_name, pick)
         return Evaluation(role, row, backend, result, pick)
 
-    def _build_and_measure(self, template: Backend, task: GraphTask, role: str, plan: Plan,
-                           cancel: threading.Event) -> tuple[Backend, SweepResult]:
+    def _build_and_measure(self, template: Backend, task: GraphTask, role: str, plan: Plan, cancel: threading.Event,
+                           built: tuple[Backend, float] | None = None) -> tuple[Backend, SweepResult]:
         if role != BASELINE and (skipped := self._probe_row(template, role, task)) is not None:
+            if built is not None:
+                release_quietly(built[0])
             raise CandidateFailedError(skipped)  # decided where it is built: the probe times a layer
         first: list[tuple[Backend, Measurement]] = []  # screening's small end, measured before the check
         twin = twin_of(task, template) if role != BASELINE else None  # same artifact, other scheduling: confirmed
         backend, row = self.try_backend(template, task, role, confirm=role == BASELINE or twin is not None,
-                                        before_check=self._screen_first(task, plan, cancel, first), judged=twin)
+                                        before_check=self._screen_first(task, plan, cancel, first), judged=twin,
+                                        built=built)
         remember_judged(task, template, row)
         known = (*plan.known, *(m for b, m in first if b is backend))  # not behind a guard the check added
         try:

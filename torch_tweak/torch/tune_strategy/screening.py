@@ -31,6 +31,7 @@ from torch_tweak.torch.profiling import Measurement, SweepResult
 from torch_tweak.torch.profiling.limit import run_with_time_limit
 from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.report.status import CandidateStatus
+from torch_tweak.torch.tune_strategy.ahead import BuildsAhead
 from torch_tweak.torch.tune_strategy.base import CandidateFailedError, GraphTask, release_quietly
 from torch_tweak.torch.tune_strategy.result_cache import ResultCache
 from torch_tweak.torch.tune_strategy.results import BASELINE, Evaluation, Plan, out_of_reach, selection_dict
@@ -179,9 +180,11 @@ class ScreeningSteps:
                 evaluation.backend, evaluation.reused = None, False
 
     def _sweep_survivors(self: Any, task: GraphTask, evaluations: list[Evaluation], plan: Plan, screen: Plan,
-                         cache: ResultCache | None, executor: Executor | None, shared: Shared | None) -> None:
+                         cache: ResultCache | None, executor: Executor | None, shared: Shared | None,
+                         ahead: BuildsAhead | None = None) -> None:
         """Sweep every batch size of the plan for the candidates screening kept (a reused result that was
-        swept already keeps its sweep); with an isolated executor, in a worker."""
+        swept already keeps its sweep); with an isolated executor, in a worker (the background worker for those
+        it evaluated in their turn)."""
         for evaluation in evaluations:
             if evaluation.role == BASELINE or not evaluation.qualified:
                 continue
@@ -191,7 +194,8 @@ class ScreeningSteps:
             # the screening's two ends are measurements already: the sweep measures only the sizes between
             own = replace(plan, known=tuple(evaluation.sweep.measurements)) if evaluation.sweep else plan
             if executor is not None and shared is not None:
-                result = self._sweep_isolated(executor, shared, evaluation, task, own)
+                done = ahead.sweep(evaluation.template, evaluation.role, own) if ahead is not None else None
+                result = self._sweep_isolated(executor, shared, evaluation, task, own, done)
                 if result is None:
                     continue
             else:
