@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gc
+import os
 import re
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +22,7 @@ from torch_tweak.torch.backend.batch_router import batch_reader
 from torch_tweak.torch.checkpoint import verify
 from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
 from torch_tweak.torch.module.state import internals
+from torch_tweak.torch.profiling import ProfilingConfig
 from torch_tweak.torch.testing import FakeClock, TimedBackend
 from torch_tweak.torch.tune_strategy import TuneStrategy
 
@@ -172,6 +176,62 @@ def test_a_route_to_another_runtime_is_not_kept_when_switching_runtimes_costs_mo
                      r"1\.21/1\.22/1\.24/1\.28 without; the rerouted batch sizes need 1\.05x less time together", graph.reason)
     assert rows(graph)[other.describe()].status == "passed"
     assert list(wrapped.backends.values())[0].state.value == "active"
+
+
+class _SleepingTorch(TorchEagerBackend):
+    """Eager whose calls take ``per_call_ms + per_sample_ms * batch`` of real time, ``switch_ms`` more right after a
+    call of another runtime (in whichever process it runs); each build appends the process id to ``log``."""
+
+    def __init__(self, per_call_ms: float = 0.0, per_sample_ms: float = 0.0, switch_ms: float = 0.0,
+                 log: str = "") -> None:
+        super().__init__()
+        self.costs, self.log = (per_call_ms, per_sample_ms, switch_ms), log
+
+    def describe(self) -> str:
+        return f"{type(self).__name__}{self.costs}"
+
+    def key(self) -> str:
+        return f"{super().key()}-{type(self).__name__}-{self.costs}"
+
+    def _build(self, module, graph_spec, data, cache_dir):
+        if self.log:
+            with open(self.log, "a", encoding="utf-8") as out:
+                out.write(f"{os.getpid()}\n")
+        return super()._build(module, graph_spec, data, cache_dir)
+
+    def _infer(self, *args, **kwargs):
+        per_call, per_sample, switch = self.costs
+        switched = _LAST_RUNTIME[0] not in (None, self.runtime)
+        _LAST_RUNTIME[0] = self.runtime
+        time.sleep((per_call + per_sample * args[0].shape[0] + (switch if switched else 0.0)) / 1000.0)
+        return super()._infer(*args, **kwargs)
+
+
+class _SleepingOpenVINO(_SleepingTorch):
+    runtime = "openvino"
+
+
+@pytest.mark.parametrize("switch_ms", [8.0, 0.0])
+def test_with_a_worker_routes_across_runtimes_are_timed_there_and_built_here_only_when_kept(tmp_path, switch_ms):
+    log = str(tmp_path / "builds.txt")
+    other = _SleepingOpenVINO(0.5, 1.0, switch_ms, log)  # b1 1.5 ms, b2 2.5 ms: faster than torch's 3.1 there
+    torch_side = _SleepingTorch(3.0, 0.05, switch_ms)
+    fast = ProfilingConfig(warmup_calls=1, min_calls=3, window_size=3, min_time_s=0.0, max_time_s=0.05,
+                           max_calls=20, pause_s=0.0)
+    strat = tt.HighestThroughputStrategy([torch_side, other], baseline=_SleepingTorch(6.0, 1.0), profiling=fast,
+                                         screening=False)
+    graph = tt.tune(tt.Module(mlp(), strategy=strat), [torch.randn(8) for _ in range(8)], batch_sizes=[1, 2, 4, 8],
+                    executor="process", ignore_failing_modules=False).modules[0].graphs[0]
+    built_here = Path(log).read_text().split().count(str(os.getpid()))
+    if switch_ms:  # a call after the other runtime's pays 8 ms: the routes lose, and nothing was built here
+        assert graph.chosen == torch_side.describe() and built_here == 0
+        assert f"routes to another runtime ({other.describe()}) were measured on mixed calls and not kept" \
+            in graph.reason
+    else:
+        assert re.fullmatch(rf"BatchRouterBackend\(batch<=[12]: {re.escape(other.describe())}, batch>=[23]: "
+                            rf"{re.escape(torch_side.describe())}\)", graph.chosen)
+        assert f"routes to another runtime ({other.describe()}) confirmed on mixed calls" in graph.reason
+        assert built_here == 1  # built here to serve once the worker's timing kept it
 
 
 def test_a_route_is_kept_when_its_gain_outweighs_what_the_next_call_pays_for_the_switch(clock):

@@ -22,9 +22,10 @@ import importlib
 import importlib.util
 import logging
 from dataclasses import dataclass
+from typing import Any
 
-from torch_tweak.errors import CheckpointError, UnsupportedInputError
-from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.errors import CheckpointError, ConfigError, UnsupportedInputError
+from torch_tweak.torch.backend.backend import Backend, BackendState
 from torch_tweak.torch.module.tree import qualified_name
 
 logger = logging.getLogger(__name__)
@@ -177,3 +178,18 @@ def resolve_backend(type_name: str, class_name: str, where: str) -> type[Backend
         f"imports modules named in a checkpoint: import {module!r} (or register the class with "
         f"torch_tweak.torch.checkpoint.register_backend) before tt.load. Known backends: {known_backends()}."
     )
+
+
+def backends_from(backends: Any, owner: str) -> list[Backend]:
+    """Validate a user-given iterable of backend templates."""
+    if backends is None:
+        return []
+    items = list(backends)
+    if not items:
+        raise ConfigError(f"{owner} got an empty list of backends; pass at least one, or None for the defaults.")
+    for item in items:
+        if not isinstance(item, Backend):
+            raise ConfigError(f"{owner} expects Backend instances, got {type(item).__name__}.")
+        if item.state != BackendState.INIT:
+            raise ConfigError(f"{owner} expects unbuilt backends (state INIT); {item.describe()} is {item.state.name}.")
+    return items

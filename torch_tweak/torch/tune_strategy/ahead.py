@@ -74,39 +74,43 @@ class BuildsAhead:
         (its int8 probe: timed there in process CPU time too, which neither a pause nor a busy core inflates);
         the candidate's evaluation (:func:`evaluate_candidate`, ``keep`` as there) by the background worker on the
         build it made, when that worker has nothing else running (the main worker idles meanwhile); or None: the
-        main worker builds, checks and measures it, its build starting from the compiler's warm caches."""
+        main worker builds, checks and measures it, its build starting from the compiler's warm caches.
+
+        After an evaluation there, the background worker starts its next build only in a turn the main worker
+        takes (or one skipped): until then it keeps what it may sweep, which stopping a build would lose (the next
+        turn is often a candidate built ahead that a stand-in rule skips on this one's measurements)."""
         ticket = self._tickets.pop(template.key(), None)
         background, name = self._background, template.describe()
-        if ticket is None:
-            return None
-        if not background.started(ticket):
-            background.drop(ticket)
+        if ticket is None or not background.started(ticket):
+            if ticket is not None:
+                background.drop(ticket)
+            background.resume()  # the main worker takes the turn: the background builds the next ones meanwhile
             return None
         start = time.perf_counter()
         outcome = background.wait(ticket, self._time_limit_s, hold=True)  # its next unit waits for the turn
-        try:
-            waited = time.perf_counter() - start
+        waited = time.perf_counter() - start
+        if isinstance(outcome, Failure) or outcome.value is None or isinstance(outcome.value, str):
+            background.resume()
             if isinstance(outcome, Failure):
                 logger.info("%s: %s was not built ahead (%s); it is built in its turn", describe_task(self._task),
                             name, outcome.message)
                 return None
-            if outcome.value is None or isinstance(outcome.value, str):
-                logger.debug("%s: %s was not built ahead: a stand-in rule skips it", describe_task(self._task), name)
-                return outcome.value  # type: ignore[no-any-return]
-            built = f"{name} was built ahead in the background in {outcome.value:.1f} s (waited {waited:.1f} s for it now)"
-            if background.busy(ticket):  # it went on to the next build: this one would wait for that
-                background.start(self._shared, forget_built, (), f"{describe_task(self._task)}: releasing builds",
-                                 first=True)
-                logger.info("%s: %s; the main worker builds it again in its turn, from the compiler's warm caches",
-                            describe_task(self._task), built)
-                return None
-            evaluation = background.start(self._shared, evaluate_candidate, (template, role, plan, keep),
-                                          f"{describe_task(self._task)} candidate {name}", first=True)
+            logger.debug("%s: %s was not built ahead: a stand-in rule skips it", describe_task(self._task), name)
+            return outcome.value  # type: ignore[no-any-return]
+        built = f"{name} was built ahead in the background in {outcome.value:.1f} s (waited {waited:.1f} s for it now)"
+        if background.busy(ticket):  # it went on to the next build: this one would wait for that
+            background.start(self._shared, forget_built, (), f"{describe_task(self._task)}: releasing builds",
+                             first=True)
             background.resume()
-            evaluated = background.wait(evaluation, self._time_limit_s)
-        finally:
-            background.resume()
+            logger.info("%s: %s; the main worker builds it again in its turn, from the compiler's warm caches",
+                        describe_task(self._task), built)
+            return None
+        evaluation = background.start(self._shared, evaluate_candidate, (template, role, plan, keep),
+                                      f"{describe_task(self._task)} candidate {name}", first=True)
+        background.resume()
+        evaluated = background.wait(evaluation, self._time_limit_s, hold=True)
         if isinstance(evaluated, Failure) and evaluated.kind != TIMED_OUT:
+            background.resume()
             logger.info("%s: %s; checking and measuring it there failed (%s), so the main worker evaluates it",
                         describe_task(self._task), built, evaluated.message)
             return None
@@ -122,7 +126,8 @@ class BuildsAhead:
         self._kept.discard(template.key())
         ticket = self._background.start(self._shared, sweep_candidate, (template, role, plan),
                                         f"{describe_task(self._task)} candidate {template.describe()}", first=True)
-        return self._background.wait(ticket, self._time_limit_s)
+        self._background.resume()
+        return self._background.wait(ticket, self._time_limit_s, hold=True)
 
     def keep_only(self, keys: list[str]) -> None:
         """Let the background worker release the candidates it keeps whose keys are not in ``keys``."""
@@ -138,6 +143,7 @@ class BuildsAhead:
             self._background.drop(ticket)
             self._background.start(self._shared, forget_built, (), f"{describe_task(self._task)}: releasing builds",
                                    first=True)  # in case it was built already
+        self._background.resume()
 
     def close(self) -> None:
         """Stop the background worker (tuning of the graph ended, or failed)."""

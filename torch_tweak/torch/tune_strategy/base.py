@@ -21,7 +21,7 @@ from torch import nn
 
 from torch_tweak.errors import ConfigError, FidelityError, TorchTweakError
 from torch_tweak.torch import progress
-from torch_tweak.torch.backend.backend import Backend, BackendState
+from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.backend.non_finite_guard import NonFiniteGuardBackend
 from torch_tweak.torch.backend.torch_eager import TorchEagerBackend
 from torch_tweak.torch.cache_limit import touch
@@ -391,18 +391,3 @@ def format_failures(rows: list[CandidateReport]) -> str:
 def describe_task(task: GraphTask) -> str:
     """``module 'x' graph 0`` for messages."""
     return f"module {task.module_name!r} graph {task.graph_spec.name}"
-
-
-def backends_from(backends: Any, owner: str) -> list[Backend]:
-    """Validate a user-given iterable of backend templates."""
-    if backends is None:
-        return []
-    items = list(backends)
-    if not items:
-        raise ConfigError(f"{owner} got an empty list of backends; pass at least one, or None for the defaults.")
-    for item in items:
-        if not isinstance(item, Backend):
-            raise ConfigError(f"{owner} expects Backend instances, got {type(item).__name__}.")
-        if item.state != BackendState.INIT:
-            raise ConfigError(f"{owner} expects unbuilt backends (state INIT); {item.describe()} is {item.state.name}.")
-    return items

@@ -24,7 +24,7 @@ from typing import Any
 from torch_tweak.errors import ConfigError, TuningError
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.backend.batch_router import BatchRouterBackend
-from torch_tweak.torch.backend.registry import build_cost, default_candidates
+from torch_tweak.torch.backend.registry import backends_from, build_cost, default_candidates
 from torch_tweak.torch.backend.torch_eager import TorchEagerBackend
 from torch_tweak.torch.executor.base import Executor, Pending, Shared
 from torch_tweak.torch.fidelity import FidelityConfig
@@ -50,7 +50,6 @@ from torch_tweak.torch.tune_strategy.base import (
     GraphTask,
     Measure,
     TuneStrategy,
-    backends_from,
     describe_task,
     format_failures,
     release_quietly,
@@ -218,27 +217,25 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
         executor, shared = self._open_executor(task)
         ahead = start_builds_ahead(self, task, executor, shared, cache)
         try:
-            evaluations = self._evaluate_all(task, plan, screen, cache, executor, shared, ahead)
-            if screen is not None:
-                self._sweep_survivors(task, evaluations, plan, screen, cache, executor, shared, ahead)
-                if executor is not None and shared is not None:
-                    self._keep_only(executor, shared, [], task)
-        finally:
-            if ahead is not None:
-                ahead.close()
+            try:
+                evaluations = self._evaluate_all(task, plan, screen, cache, executor, shared, ahead)
+                if screen is not None:
+                    self._sweep_survivors(task, evaluations, plan, screen, cache, executor, shared, ahead)
+            finally:
+                if ahead is not None:
+                    ahead.close()
+            while True:  # a reused result serves once built and checked again; then routes are worked out again
+                chosen, reason = self._choose(task, evaluations, self._best(evaluations))
+                routes = batch_routes(chosen, evaluations, 1.0 + self.eager_margin) if self._routes_batches else None
+                if not (missing := unbuilt([chosen] if routes is None else [e for _, e in routes])):
+                    break
+                for evaluation in missing:
+                    self._rebuild(task, evaluation)
+            routes, crossing = self._routes_across_runtimes(task, chosen, evaluations, routes, plan, executor, shared) \
+                if self._routes_batches else (routes, "")
+        finally:  # the worker times routes across runtimes too
             if executor is not None and shared is not None:
                 executor.release(shared)
-        while True:  # a reused result serves once built and checked again; then routes are worked out again
-            chosen, reason = self._choose(task, evaluations, self._best(evaluations))
-            routes = batch_routes(chosen, evaluations, 1.0 + self.eager_margin) if self._routes_batches else None
-            serving = [chosen] if routes is None else [e for _, e in routes]
-            missing = unbuilt(serving)
-            if not missing:
-                break
-            for evaluation in missing:
-                self._rebuild(task, evaluation)
-        routes, crossing = self._routes_across_runtimes(task, chosen, evaluations, routes, plan) \
-            if self._routes_batches else (routes, "")
         serving = [chosen] if routes is None else [e for _, e in routes]
         for evaluation in evaluations:
             if all(evaluation is not e for e in serving) and evaluation.backend is not None:

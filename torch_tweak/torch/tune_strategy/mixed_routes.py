@@ -19,17 +19,22 @@ from __future__ import annotations
 import copy
 import logging
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.backend.batch_router import BatchRouterBackend
+from torch_tweak.torch.executor.base import Executor, Failure, Shared
 from torch_tweak.torch.module.spec import GraphSpec, resize_batch
 from torch_tweak.torch.profiling import ProfilingConfig, device_sync, percentile
+from torch_tweak.torch.report.report import CandidateReport, GraphReport
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task, release_quietly
+from torch_tweak.torch.tune_strategy.isolated import WorkerContext
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, unbuilt
 from torch_tweak.torch.tune_strategy.routing import Routes, batch_routes, runtime_of
+from torch_tweak.utils import pause
 from torch_tweak.utils.pause import paused
 
 logger = logging.getLogger(__name__)
@@ -102,12 +107,14 @@ class MixedRoutes:
     # From MeasuringStrategy and its mixins: ``_rebuild``.
 
     def _routes_across_runtimes(self: Any, task: GraphTask, chosen: Evaluation, evaluations: list[Evaluation],
-                                routes: Routes | None, plan: Plan) -> tuple[Routes | None, str]:
+                                routes: Routes | None, plan: Plan, executor: Executor | None = None,
+                                shared: Shared | None = None) -> tuple[Routes | None, str]:
         """``routes`` or routes that cross runtimes where mixed calls confirm them, and what the reason adds.
 
         Each other runtime is proposed on its own (a router over three runtimes pays for two foreign thread
         pools), the one its candidates' sweeps promise to save the most time first; at most
-        :data:`MAX_PROPOSALS` are measured.
+        :data:`MAX_PROPOSALS` are measured. With an isolated ``executor``, its worker builds and times them
+        (:func:`time_routes`): this process builds only a router it keeps.
         """
         margin = 1.0 + self.eager_margin
         if not plan.batched:
@@ -115,32 +122,43 @@ class MixedRoutes:
         proposals = _proposals(chosen, evaluations, routes, margin)
         notes = []
         for proposal in proposals[:MAX_PROPOSALS]:
-            kept, note = self._try_proposal(task, chosen, routes, proposal, plan, margin)
+            kept, note = self._try_proposal(task, chosen, routes, proposal, plan, margin, executor, shared)
             if kept:
                 return proposal, note
             notes.append(note)
         return routes, "".join(notes)
 
     def _try_proposal(self: Any, task: GraphTask, chosen: Evaluation, routes: Routes | None, proposal: Routes,
-                      plan: Plan, margin: float) -> tuple[bool, str]:
+                      plan: Plan, margin: float, executor: Executor | None, shared: Shared | None) -> tuple[bool, str]:
         """Measure ``proposal`` against ``routes`` on mixed calls: whether it is kept, and what the reason adds."""
         serving = [chosen] if routes is None else [e for _, e in routes]
         others = sorted({e.row.backend for _, e in proposal if runtime_of(e) != runtime_of(chosen)})
         built_now = unbuilt(e for _, e in proposal)
-        for evaluation in built_now:
-            if not self._rebuild(task, evaluation):
-                return False, f"; a route to {evaluation.row.backend} was not tried (building it here failed)"
         assert chosen.sweep is not None
         sizes = [m.batch_size for m in chosen.sweep.measurements if m.batched]
-        current, proposed = _serving(routes, chosen, task.graph_spec), _serving(proposal, chosen, task.graph_spec)
-        before, after = mixed_call_times([current, proposed], task.graph_spec, task.device, plan, sizes,
-                                         self.profiling)
-        for component in {id(c): c for c in (*current.components(), *proposed.components())}.values():
-            component.release_scratch()  # every size's buffers in every backend of both: serving needs fewer
+        if executor is not None and shared is not None:
+            outcome = executor.submit(shared, time_routes, ([_sent(routes, chosen), _sent(proposal, chosen)], sizes,
+                                                            plan), time_limit_s=self.candidate_time_limit_s,
+                                      label=f"{describe_task(task)}: routes to {', '.join(others)}").result()
+            if isinstance(outcome, Failure):
+                return False, f"; routes to {', '.join(others)} were not tried (timing them failed: {outcome.message})"
+            before, after = outcome.value
+        else:
+            for evaluation in built_now:
+                if not self._rebuild(task, evaluation):
+                    return False, f"; a route to {evaluation.row.backend} was not tried (building it here failed)"
+            current, proposed = _serving(routes, chosen, task.graph_spec), _serving(proposal, chosen, task.graph_spec)
+            before, after = mixed_call_times([current, proposed], task.graph_spec, task.device, plan, sizes,
+                                             self.profiling)
+            for component in {id(c): c for c in (*current.components(), *proposed.components())}.values():
+                component.release_scratch()  # every size's buffers in every backend of both: serving needs fewer
         rerouted = {size for size in sizes if _route_at(proposal, size) is not _route_at(routes, size, chosen)}
         cycle = (f"one call at each batch size {sizes} in turn, p50 ms per call: {_times(after)} with the routes vs "
                  f"{_times(before)} without")
         if route_verdict(before, after, rerouted, margin):
+            for evaluation in unbuilt(e for _, e in proposal):  # measured by the worker: built here to serve
+                if not self._rebuild(task, evaluation):
+                    return False, f"; a route to {evaluation.row.backend} was not kept (building it here failed)"
             logger.info("%s: routes to %s confirmed on mixed calls (%s)", describe_task(task), others, cycle)
             return True, f"; routes to another runtime ({', '.join(others)}) confirmed on mixed calls ({cycle})"
         for evaluation in built_now:
@@ -152,6 +170,38 @@ class MixedRoutes:
         return False, (f"; routes to another runtime ({', '.join(others)}) were measured on mixed calls and not "
                        f"kept ({cycle}; the rerouted batch sizes need {margin:.2f}x less time together, and the "
                        "speed-ups of all batch sizes a geometric mean of at least 1)")
+
+
+Sent = list[tuple[int | None, Backend, str, CandidateReport]]
+
+
+def _sent(routes: Routes | None, chosen: Evaluation) -> Sent:
+    """What a worker needs to build ``routes`` (or ``chosen`` alone) again: bound, template, role, judged row."""
+    pairs = [(None, chosen)] if routes is None else routes
+    return [(bound, e.template, e.role, e.row) for bound, e in pairs]  # type: ignore[misc]
+
+
+def time_routes(context: WorkerContext, routings: list[Sent], sizes: list[int], plan: Plan) -> list[dict[int, float]]:
+    """In the worker: build each routing's candidates again (confirmed as a rebuild is), serve each routing (a
+    router, or its one candidate) and time them on mixed calls (:func:`mixed_call_times`); all are released."""
+    strategy, task = context.strategy, context.task
+    pause.hold_only(context.paused)
+    built: dict[str, Backend] = {}
+    try:
+        servings: list[Backend] = []
+        for routing in routings:
+            for _, template, role, row in routing:
+                if template.key() not in built:
+                    private = replace(task, report=GraphReport(name=task.report.name))
+                    built[template.key()] = strategy.try_backend(template, private, role, confirm=True,
+                                                                 judged=row)[0]
+            backends = [(bound, built[template.key()]) for bound, template, _, _ in routing]
+            servings.append(backends[0][1] if len(backends) == 1 else
+                            BatchRouterBackend(backends, task.graph_spec))  # type: ignore[arg-type]
+        return mixed_call_times(servings, task.graph_spec, task.device, plan, sizes, strategy.profiling)
+    finally:
+        for backend in built.values():
+            release_quietly(backend)
 
 
 def _proposals(chosen: Evaluation, evaluations: list[Evaluation], routes: Routes | None, margin: float) -> list[Routes]:

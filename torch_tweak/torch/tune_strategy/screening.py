@@ -184,7 +184,7 @@ class ScreeningSteps:
                          ahead: BuildsAhead | None = None) -> None:
         """Sweep every batch size of the plan for the candidates screening kept (a reused result that was
         swept already keeps its sweep); with an isolated executor, in a worker (the background worker for those
-        it evaluated in their turn)."""
+        it evaluated in their turn), which then releases what it kept."""
         for evaluation in evaluations:
             if evaluation.role == BASELINE or not evaluation.qualified:
                 continue
@@ -212,4 +212,6 @@ class ScreeningSteps:
             evaluation.row.measurements["selection"] = selection_dict(self.metric_name, evaluation.pick)
             if cache is not None:
                 cache.store(evaluation.key, evaluation.row, result)
+        if executor is not None and shared is not None:
+            self._keep_only(executor, shared, [], task)
 

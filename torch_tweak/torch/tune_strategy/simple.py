@@ -6,14 +6,13 @@ from collections.abc import Iterable
 
 from torch_tweak.errors import ConfigError, TuningError
 from torch_tweak.torch.backend.backend import Backend
-from torch_tweak.torch.backend.registry import default_candidates
+from torch_tweak.torch.backend.registry import backends_from, default_candidates
 from torch_tweak.torch.fidelity import FidelityConfig
 from torch_tweak.torch.report.report import CHOSEN
 from torch_tweak.torch.tune_strategy.base import (
     CandidateFailedError,
     GraphTask,
     TuneStrategy,
-    backends_from,
     describe_task,
     format_failures,
 )
