@@ -5,14 +5,15 @@ ONNX Runtime) leave a core idle for much of their builds. When a graph's tuning 
 the candidates whose :meth:`~torch_tweak.torch.backend.Backend.compiles_ahead` is True are built in its
 background worker (``executor/background.py``) at the lowest priority, paused whenever anything is timed, in
 the order of their turns (the main worker reaches the first one first; building the last turn first had a BERT-base
-wait 32 s for Inductor while the background decided, over 37 s under contention, to skip TorchAO). Their compiled
-graphs land in Inductor's caches on disk; in its turn the candidate is built, checked and measured in the main
-worker as every candidate is, and its build starts from warm caches.
+wait 32 s for Inductor while the background decided, over 37 s under contention, to skip TorchAO). In its turn
+the candidate is checked and measured by the background worker on the build it made, while the main worker
+idles (compiling it again there took Inductor 13-25 s on a ResNet-50), and swept there if screening keeps it;
+when the background worker has gone on to its next build by then, the main worker builds, checks and measures
+the candidate as every other, from the compiler's caches the background build warmed on disk.
 
 Not built ahead: candidates whose results the result cache already has (and none at all when the results of
 every converting candidate, OpenVINO, ONNX Runtime and eager, are reused: there is nothing to overlap), and
-those a stand-in rule skips
-whatever the others measure (TorchAO on a graph whose ``nn.Linear`` layers do almost nothing; the background
+those a stand-in rule skips whatever the others measure (TorchAO on a graph whose ``nn.Linear`` layers do almost nothing; the background
 worker decides that, as it runs the module). In a candidate's turn the strategy waits for its background build
 if that has started, drops it if it has not (the candidate is then built in its turn from scratch), and drops
 it when a stand-in rule skips the candidate. What a background build does not finish (a failure, a crash, its
