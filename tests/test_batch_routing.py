@@ -228,7 +228,8 @@ def test_with_a_worker_routes_across_runtimes_are_timed_there_and_built_here_onl
         assert f"routes to another runtime ({other.describe()}) were measured on mixed calls and not kept" \
             in graph.reason
     else:
-        assert re.fullmatch(rf"BatchRouterBackend\(batch<=[12]: {re.escape(other.describe())}, batch>=[23]: "
+        # the bound follows the machine's sleep overhead (batch 4 is 2.5 vs 3.2 ms on paper, batch 8 is slower)
+        assert re.fullmatch(rf"BatchRouterBackend\(batch<=[1-3]: {re.escape(other.describe())}, batch>=[2-4]: "
                             rf"{re.escape(torch_side.describe())}\)", graph.chosen)
         assert f"routes to another runtime ({other.describe()}) confirmed on mixed calls" in graph.reason
         assert built_here == 1  # built here to serve once the worker's timing kept it
