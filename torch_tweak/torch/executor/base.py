@@ -158,7 +158,9 @@ class Executor(ABC):
         self.close()
 
 
-class _Ran(Pending):
+class Finished(Pending):
+    """Work whose outcome is known already (run in this process, or by a background worker)."""
+
     def __init__(self, outcome: Outcome) -> None:
         self._outcome = outcome
 
@@ -175,4 +177,4 @@ class InlineExecutor(Executor):
 
     def submit(self, shared: Shared, fn: Callable[..., Any], args: tuple[Any, ...], *,
                time_limit_s: float | None, label: str) -> Pending:
-        return _Ran(Done(fn(shared.context, *args), "this process"))
+        return Finished(Done(fn(shared.context, *args), "this process"))

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from torch_tweak.torch.backend.backend import Backend
-from torch_tweak.torch.executor.base import TIMED_OUT, Background, Executor, Failure, Outcome, Pending, Shared
+from torch_tweak.torch.executor.base import TIMED_OUT, Background, Executor, Failure, Finished, Outcome, Pending, Shared
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
 from torch_tweak.torch.tune_strategy.isolated import (
     build_ahead,
@@ -41,16 +41,6 @@ from torch_tweak.torch.tune_strategy.results import BASELINE, Plan
 from torch_tweak.utils import pause
 
 logger = logging.getLogger(__name__)
-
-
-class _Evaluated(Pending):
-    """A candidate's evaluation that the background worker ran in its turn."""
-
-    def __init__(self, outcome: Outcome) -> None:
-        self._outcome = outcome
-
-    def result(self) -> Outcome:
-        return self._outcome
 
 
 class BuildsAhead:
@@ -100,9 +90,7 @@ class BuildsAhead:
             return outcome.value  # type: ignore[no-any-return]
         built = f"{name} was built ahead in the background in {outcome.value:.1f} s (waited {waited:.1f} s for it now)"
         if background.busy(ticket):  # it went on to the next build: this one would wait for that
-            background.start(self._shared, forget_built, (), f"{describe_task(self._task)}: releasing builds",
-                             first=True)
-            background.resume()
+            self._forget_built()
             logger.info("%s: %s; the main worker builds it again in its turn, from the compiler's warm caches",
                         describe_task(self._task), built)
             return None
@@ -118,7 +106,7 @@ class BuildsAhead:
         logger.info("%s: %s, and checked and measured there in its turn", describe_task(self._task), built)
         if keep:
             self._kept.add(template.key())
-        return _Evaluated(evaluated)
+        return Finished(evaluated)
 
     def sweep(self, template: Backend, role: str, plan: Plan) -> Outcome | None:
         """The sweep of ``plan`` by the background worker when it keeps ``template`` from its turn, else None."""
@@ -142,8 +130,13 @@ class BuildsAhead:
         ticket = self._tickets.pop(template.key(), None)
         if ticket is not None:
             self._background.drop(ticket)
-            self._background.start(self._shared, forget_built, (), f"{describe_task(self._task)}: releasing builds",
-                                   first=True)  # in case it was built already
+            self._forget_built()  # in case it was built already
+        self._background.resume()
+
+    def _forget_built(self) -> None:
+        """Let the background worker release its builds made ahead, before its next unit, and go on."""
+        self._background.start(self._shared, forget_built, (), f"{describe_task(self._task)}: releasing builds",
+                               first=True)
         self._background.resume()
 
     def close(self) -> None:
