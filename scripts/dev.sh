@@ -25,8 +25,9 @@ case "$task" in
     test)
         .venv/bin/ruff check torch_tweak tests benchmarks examples
         # Two workers (pytest-xdist), one test file each at a time: most of a test's time is single-threaded
-        # tracing and compiling, so the 2-core machines run the suite in about two thirds of the time.
-        .venv/bin/python -m pytest -q -n "${TT_TEST_WORKERS:-2}" --dist loadfile "$@"
+        # tracing and compiling, so the 2-core machines run the suite in about two thirds of the time. Files keep
+        # the order tests/conftest.py gives them (the ones with slow tests first), not xdist's by test count.
+        .venv/bin/python -m pytest -q -n "${TT_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
         ;;
     examples)
         # Every example must be listed here with the arguments CI gives it.

@@ -27,6 +27,7 @@ from torch_tweak.torch.backend import TorchAOBackend, TorchInductorBackend, _war
 from torch_tweak.torch.checkpoint import verify
 
 CHILD = Path(__file__).parent / "warm_load_child.py"
+pytestmark = pytest.mark.slow  # compiles Inductor and TorchAO packages, loads them in fresh processes
 BACKENDS = {"inductor": TorchInductorBackend, "torchao": TorchAOBackend}
 NO_COMPILES = {"torch.compile": 0, "torch.export.export": 0, "aoti_compile_and_package": 0, "to_ov_model": 0}
 

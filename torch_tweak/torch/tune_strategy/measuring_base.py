@@ -37,13 +37,7 @@ from torch_tweak.torch.profiling import (
 )
 from torch_tweak.torch.profiling.limit import run_with_time_limit
 from torch_tweak.torch.profiling.stop_rules import apply_stop_rules
-from torch_tweak.torch.report.report import (
-    CHOSEN,
-    INFER_FAILED,
-    TIMEOUT,
-    CandidateReport,
-    GraphReport,
-)
+from torch_tweak.torch.report.report import CHOSEN, INFER_FAILED, TIMEOUT, CandidateReport, GraphReport
 from torch_tweak.torch.tune_strategy.ahead import BuildsAhead, start_builds_ahead
 from torch_tweak.torch.tune_strategy.base import (
     CandidateFailedError,
@@ -212,8 +206,8 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
         search_if_enabled(self, task)
         plan = self._plan(task)
         screen = screening_plan(plan) if self.screening else None
-        cache = ResultCache(task.module, task.graph_spec, self._settings(plan, screen, task)) \
-            if self.reuse_results else None
+        cache = ResultCache(task.module, task.graph_spec, self._settings(plan, screen, task), task.probed) \
+            if self.reuse_results else None  # (a rerun's stand-in rules decide on what the first run probed)
         executor, shared = self._open_executor(task)
         ahead = start_builds_ahead(self, task, executor, shared, cache)
         try:
@@ -224,6 +218,8 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
             finally:
                 if ahead is not None:
                     ahead.close()
+                if cache is not None:
+                    cache.store_probes(task.probed, self.persisted_probes)
             while True:  # a reused result serves once built and checked again; then routes are worked out again
                 chosen, reason = self._choose(task, evaluations, self._best(evaluations))
                 routes = batch_routes(chosen, evaluations, 1.0 + self.eager_margin) if self._routes_batches else None

@@ -12,7 +12,9 @@ with ``tt.tune(clear_cache=True)`` or ``torch-tweak cache clear``.
 Only outcomes that a rerun would reproduce are kept (passed, rejected, failed to build or to run, screened out
 before its check: measured below what it needed, it is never chosen when reused; skipped by an int8 probe where
 it was to be built: a verdict on the graph and this CPU, which the key holds); a timeout, or a candidate skipped
-for what other candidates measured or for the time budget, is tried again. A reused candidate that the strategy chooses is built again (OpenVINO and ONNX Runtime
+for what other candidates measured or for the time budget, is tried again. What the stand-in rules measure on the
+graph itself (``StandIns.persisted_probes``: eager's time in the kernels Inductor keeps) is kept beside the results
+under the same key, so that a rerun which reuses the others' measurements decides as the first run did. A reused candidate that the strategy chooses is built again (OpenVINO and ONNX Runtime
 reuse their converted files; compilers their own caches) and checked again on the current samples before it
 serves. A stored file is JSON parsed into plain values; a malformed one is a miss.
 """
@@ -52,7 +54,9 @@ REUSABLE = {CandidateStatus.PASSED, CandidateStatus.REJECTED, CandidateStatus.BU
 class ResultCache:
     """The stored results of one graph's candidates (see the module docstring)."""
 
-    def __init__(self, module: Any, graph_spec: Any, settings: dict[str, Any]) -> None:
+    def __init__(self, module: Any, graph_spec: Any, settings: dict[str, Any],
+                 probed: dict[str, Any] | None = None) -> None:
+        """``probed``: the graph's ``GraphTask.probed``, updated with what an earlier run's probes stored."""
         self.folder = cache_folder("results")
         weights = weights_digest(module)
         measured_on = settings.get("measured_on")  # another machine's CPU (a Ray hardware class), else this one's
@@ -61,6 +65,8 @@ class ResultCache:
             "format": FORMAT, "weights": weights, "graph": graph_spec.to_dict(), "settings": settings,
             "cpu": cpu, "isa": isa, "versions": core_versions(),
         }
+        if probed is not None:
+            probed.update(self._load_probes())
 
     def key(self, template: Backend, role: str) -> str | None:
         """The result key of ``template`` in ``role``; None when the weights cannot be hashed."""
@@ -101,6 +107,38 @@ class ResultCache:
             os.replace(temporary, self.folder / f"{key}.json")
         except OSError as exc:
             logger.warning("Could not store the tuning result of %s in %s: %s", row.backend, self.folder, exc)
+
+
+    def _load_probes(self) -> dict[str, Any]:
+        """What stand-in probes measured on this graph in an earlier run (plain JSON values; {} if none)."""
+        key = self._probes_key()
+        try:
+            probed = json.loads((self.folder / f"{key}.json").read_text(encoding="utf-8")) if key else {}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            logger.warning("Ignoring the stored probes of this graph (%s); they are measured again.", exc)
+            return {}
+        return probed if isinstance(probed, dict) else {}
+
+    def store_probes(self, probed: dict[str, Any], names: tuple[str, ...]) -> None:
+        """Keep the ``names`` entries of ``probed`` for a rerun (the stand-in rules' measurements of the graph: a
+        rerun that reuses the candidates' results then decides as this run did)."""
+        key, kept = self._probes_key(), {name: probed[name] for name in names if name in probed}
+        if key is None or not kept:
+            return
+        try:
+            handle, temporary = tempfile.mkstemp(dir=self.folder, prefix=".probes-", suffix=".tmp")
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                json.dump(kept, out)
+            os.replace(temporary, self.folder / f"{key}.json")
+        except (OSError, TypeError, ValueError) as exc:
+            logger.warning("Could not store the probes of this graph in %s: %s", self.folder, exc)
+
+    def _probes_key(self) -> str | None:
+        if self._base is None:
+            return None
+        return hashlib.sha256(json.dumps({**self._base, "probes": 1}, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _measured_on(task: GraphTask) -> dict[str, Any] | None:
