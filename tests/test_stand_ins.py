@@ -23,9 +23,9 @@ from torch_tweak.torch.backend import available as backend_available
 from torch_tweak.torch.backend.openvino.quantize import nncf_available
 from torch_tweak.torch.profiling import Measurement, ProfilingConfig, SweepResult
 from torch_tweak.torch.report.report import CandidateReport
+from torch_tweak.torch.tune_strategy.graph_probes import kernel_time
 from torch_tweak.torch.tune_strategy.linear_calls import int8_layer_slowdown, largest_linear_call, linear_share
 from torch_tweak.torch.tune_strategy.results import Evaluation
-from torch_tweak.torch.tune_strategy.stand_ins import kernel_time
 
 
 class _Task:
@@ -207,12 +207,12 @@ class _Probed:
 
 
 def test_inductor_is_skipped_when_eager_kernels_alone_keep_it_below_what_screening_keeps(monkeypatch) -> None:
-    import torch_tweak.torch.tune_strategy.stand_ins as stand_ins
+    import torch_tweak.torch.tune_strategy.graph_probes as probes
 
     strategy = tt.HighestThroughputStrategy()  # screening keeps candidates within 0.5x of the best at an end
     eager = _eager({1: 100.0, 8: 640.0})
     fast = _passed({1: 15.0, 8: 90.0})  # 6.7x and 7.1x eager
-    monkeypatch.setattr(stand_ins, "kernel_time", lambda task: (1, 85.0, 100.0))  # 85 % of the call in GEMMs
+    monkeypatch.setattr(probes, "kernel_time", lambda task: (1, 85.0, 100.0))  # 85 % of the call in GEMMs
     row = strategy._stand_in_row(TorchInductorBackend(), "candidate", _Probed(), [eager, fast])
     assert row is not None and row.status == "skipped"
     # at most 1.25x the kernels (the noise): 1 / (0.85 / 1.25) = 1.47x eager, i.e. 0.22x and 0.21x of the best
@@ -231,13 +231,13 @@ def test_inductor_is_skipped_when_eager_kernels_alone_keep_it_below_what_screeni
     close = _passed({1: 15.0, 8: 320.0})
     assert strategy._stand_in_row(TorchInductorBackend(), "candidate", _Probed(), [eager, close]) is None
     # eager's calls mostly outside those kernels: Inductor could win, so it is built
-    monkeypatch.setattr(stand_ins, "kernel_time", lambda task: (1, 20.0, 100.0))
+    monkeypatch.setattr(probes, "kernel_time", lambda task: (1, 20.0, 100.0))
     assert strategy._stand_in_row(TorchInductorBackend(), "candidate", _Probed(), [eager, fast]) is None
     # calls too short to time op by op, a tuned setting, no measured eager, or the rule switched off: built
-    monkeypatch.setattr(stand_ins, "kernel_time", lambda task: (1, 0.85, 1.0))
+    monkeypatch.setattr(probes, "kernel_time", lambda task: (1, 0.85, 1.0))
     tiny = _eager({1: 0.9, 8: 5.0})
     assert strategy._stand_in_row(TorchInductorBackend(), "candidate", _Probed(), [tiny, fast]) is None
-    monkeypatch.setattr(stand_ins, "kernel_time", lambda task: (1, 85.0, 100.0))
+    monkeypatch.setattr(probes, "kernel_time", lambda task: (1, 85.0, 100.0))
     tuned = TorchInductorBackend(tt.backend.TorchInductorBackendConfig(options={"freezing": True}))
     assert strategy._stand_in_row(tuned, "candidate", _Probed(), [eager, fast]) is None
     assert strategy._stand_in_row(TorchInductorBackend(), "candidate", _Probed(), [fast]) is None
@@ -254,7 +254,7 @@ def test_inductor_is_skipped_when_eager_kernels_alone_keep_it_below_what_screeni
 def test_a_rerun_decides_on_the_kernel_time_the_first_run_measured(monkeypatch) -> None:
     """The kernel timing is kept with the results: a rerun that reuses them skips Inductor again without timing
     (one run's noise once decided otherwise, and the rerun compiled Inductor for nothing)."""
-    import torch_tweak.torch.tune_strategy.stand_ins as stand_ins
+    import torch_tweak.torch.tune_strategy.graph_probes as probes
     from torch_tweak.torch.testing import FakeClock, TimedBackend
 
     def run() -> dict[str, str]:
@@ -267,15 +267,15 @@ def test_a_rerun_decides_on_the_kernel_time_the_first_run_measured(monkeypatch) 
         return {c.backend: c.status for c in report.modules[0].graphs[0].candidates}
 
     timings: list[int] = []
-    monkeypatch.setattr(stand_ins, "kernel_time", lambda task: timings.append(1) or (1, 2.7, 3.0))  # 90 % kernels
+    monkeypatch.setattr(probes, "kernel_time", lambda task: timings.append(1) or (1, 2.7, 3.0))  # 90 % kernels
     first = run()
     assert first[TorchInductorBackend().describe()] == "skipped" and timings == [1]
-    monkeypatch.setattr(stand_ins, "kernel_time", lambda task: timings.append(2) or (1, 0.3, 3.0))  # would build
+    monkeypatch.setattr(probes, "kernel_time", lambda task: timings.append(2) or (1, 0.3, 3.0))  # would build
     assert run() == first and timings == [1]
     stored = [p for p in Path(tt.config.cache_dir).rglob("results/*.json") if "kernel_time" in p.read_text()]
     assert len(stored) == 1
     stored[0].write_text('{"kernel_time": "garbage"}')  # a malformed stored timing is timed again
-    monkeypatch.setattr(stand_ins, "kernel_time", lambda task: timings.append(3) or (1, 2.7, 3.0))
+    monkeypatch.setattr(probes, "kernel_time", lambda task: timings.append(3) or (1, 2.7, 3.0))
     assert run() == first and timings == [1, 3]
 
 

@@ -27,9 +27,9 @@ tens of seconds (a ResNet-50 on 2 cores: TorchAO 39 s, Inductor 61 s, Inductor A
   re-measurement moves (:data:`~.results.NOISE`) at every batch size measured: a ResNet-50 whose JIT build ran
   at 0.7x ONNX Runtime's throughput spent 28 s building its AOT twin for 0.7x.
 * Inductor (JIT and AOT, default settings) leaves a graph's matrix multiplies, convolutions and attention to the
-  oneDNN / BLAS kernels eager calls (:data:`HEAVY_KERNELS`) and can only shorten the rest. Their share of an eager
-  call, timed op by op on the smallest recorded call (kernels and the whole call in the same run, so that a busy
-  machine slows both), bounds its speed-up: even with those kernels :data:`KERNEL_GAIN` (the measurement noise)
+  oneDNN / BLAS kernels eager calls (:data:`~.graph_probes.HEAVY_KERNELS`) and can only shorten the rest. Their share of an eager
+  call, timed on the smallest recorded call (``graph_probes.kernel_time``: kernels and whole calls in turns, so
+  that a busy machine slows both), bounds its speed-up: even with those kernels :data:`KERNEL_GAIN` (the measurement noise)
   times faster and everything else free, a candidate that would stay below what screening keeps
   (``1 - screening_margin`` of the best, or ``1/NOISE`` without screening) at every measured batch size is not
   built. A BERT-base whose int8 OpenVINO candidate ran 7x eager spent 37-49 s compiling Inductor for 0.7-1.1x
@@ -41,27 +41,25 @@ strategy builds every candidate.
 
 from __future__ import annotations
 
-import copy
 import logging
-import time
 from typing import Any
 
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
 from torch_tweak.torch.backend.backend import Backend
-from torch_tweak.torch.module.forward import original_forward, pristine
 from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.report.status import CandidateStatus
-from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
+from torch_tweak.torch.tune_strategy.base import GraphTask
+from torch_tweak.torch.tune_strategy.graph_probes import (
+    KERNEL_TIME,
+    LINEAR_SHARE_PROBE,
+    probed_kernel_time,
+    probed_linear_share,
+)
 from torch_tweak.torch.tune_strategy.linear_calls import (
     int8_layer_slowdown,
     largest_linear_call,
-    linear_share,
 )
 from torch_tweak.torch.tune_strategy.results import BASELINE, NOISE, Evaluation
 from torch_tweak.torch.tune_strategy.screening import best_at_ends
-from torch_tweak.utils.pause import paused
 
 logger = logging.getLogger(__name__)
 
@@ -92,24 +90,12 @@ JIT_OVERHEAD_MS = 0.5
 #: same candidate moves. A BERT-base on 2 cores of an AVX2 EPYC (JIT 0.57-1.16 s per call) spent 60 s building and
 #: measuring its AOT twin for 7.02/s against JIT's 6.90/s.
 AOT_MIN_GAIN = 1.02
-#: The aten ops (as a dispatch mode sees them) whose kernels Inductor's default CPU compile calls as eager does.
-HEAVY_KERNELS = frozenset({
-    "mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "convolution", "_convolution", "mkldnn_rnn_layer",
-    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_attention_math",
-})
 #: How much faster than eager's calls Inductor's default CPU compile may run the same kernels: it calls them as
 #: eager does (weights are prepacked only with freezing, which the rule leaves alone), so what a re-measurement moves
 #: (:data:`~.results.NOISE`). Measured on 2 cores of an AVX-512 VNNI EPYC, Inductor over eager: a ResNet-50 0.88x at
 #: batch 1, a BERT-base 0.72x at batch 1 and 0.96x at batch 8 (with 2.0 here, that BERT's 49 s compile was skipped
 #: or not from one run to the next).
 KERNEL_GAIN = NOISE
-#: Eager calls timed op by op for the bound: at most this many, at least two, until they add up to
-#: :data:`KERNEL_TIMING_MS` (a ResNet-50 at batch 1, 75 ms a call: two calls; the demo's CNN, 1.6 ms: twenty).
-KERNEL_CALLS = 20
-KERNEL_TIMING_MS = 30.0
-#: The key of the kernel timing in ``GraphTask.probed``: the result cache keeps it, so that a rerun that reuses the
-#: other candidates' measurements decides as the first run did.
-KERNEL_TIME = "kernel_time"
 #: Below this eager call time per-op timing is mostly Python overhead, which a compiler does remove: no bound.
 MIN_CALL_MS = 1.0
 _INDUCTOR, _AOT, _TORCHAO = "TorchInductorBackend", "TorchInductorAOTBackend", "TorchAOBackend"
@@ -121,7 +107,7 @@ class StandIns:
     skip_stand_ins: bool
     screening: bool
     #: What the rules measure on the graph that the result cache keeps for a rerun (``GraphTask.probed`` keys).
-    persisted_probes = (KERNEL_TIME,)
+    persisted_probes = (KERNEL_TIME, LINEAR_SHARE_PROBE)
     screening_margin: float
 
     def _stand_in_row(self, template: Backend, role: str, task: GraphTask,
@@ -135,7 +121,7 @@ class StandIns:
         reason = None
         if name == _TORCHAO:
             inductor = measured.get(_default_key(_INDUCTOR))
-            share = linear_share(task.module, task) if inductor is not None else None
+            share = probed_linear_share(task) if inductor is not None else None
             if inductor is not None and share is not None and share < LINEAR_SHARE:
                 reason = (f"it quantizes nn.Linear layers only, which do {share:.2%} of this graph's multiply-adds, "
                           f"and compiles the rest like {inductor.row.backend}, measured above")
@@ -179,9 +165,7 @@ class StandIns:
                     "graph down")
         if not template.needs_calibration:
             return None
-        if "linear_share" not in task.probed:
-            task.probed["linear_share"] = linear_share(task.module, task)
-        share = task.probed["linear_share"]
+        share = probed_linear_share(task)
         if share is None or share < LINEAR_DOMINANT:
             return None
         probed = _probed(template, task)
@@ -200,7 +184,7 @@ class StandIns:
         measurement in the turn (without one, TorchAO is built then: only the head start is lost)."""
         if not self.skip_stand_ins or template.key() != _default_key(_TORCHAO):
             return False, None
-        share = linear_share(task.module, task)
+        share = probed_linear_share(task)
         if share is not None and share < LINEAR_SHARE:
             return True, None
         reason = _small_matrices_reason(task) or self._probe_reason(template, task)
@@ -276,71 +260,6 @@ def _inductor_tuned_globally() -> bool:
     from torch._inductor import config as inductor
 
     return bool(inductor.freezing or inductor.max_autotune or inductor.max_autotune_gemm)
-
-
-def kernel_time(task: GraphTask) -> tuple[int, float, float] | None:
-    """The batch size of the smallest recorded call, the milliseconds one eager call of it spends in
-    :data:`HEAVY_KERNELS` and the milliseconds of that whole call (None: not a CPU graph, or the call failed).
-
-    The kernels are timed under a dispatch mode, the whole call without one, in turns: the mode's Python overhead on
-    every op made the demo CNN's 1.5 ms call take 2.4 ms, a third more than eager ever spends on what Inductor
-    could remove. Both are averages over up to :data:`KERNEL_CALLS` pairs of calls (:data:`KERNEL_TIMING_MS` of
-    them at least): one call of that CNN put 79 % of it in its kernels in one run and little enough in the next to
-    compile Inductor for 13 s, for the 0.41x of the best that the first run's bound had foreseen."""
-    sized = [s for s in task.samples if s.batch_size is not None]
-    if not sized or task.device.type != "cpu":
-        return None
-    smallest = min(sized, key=lambda s: s.batch_size or 0)
-    args, kwargs = copy.deepcopy(smallest.sample)
-    timer = _KernelTimer()
-    calls, call_s = 0, 0.0
-    try:
-        with pristine(task.module), torch.no_grad():
-            with _KernelTimer():  # warm, under a mode too: the first call under a dispatch mode in a process takes
-                original_forward(task.module)(*args, **kwargs)  # 20x longer (a ResNet-50 at batch 1: 1.5 s, not 75 ms)
-            original_forward(task.module)(*args, **kwargs)  # and the first one after it without: 3x
-            with paused():
-                while calls < KERNEL_CALLS and (calls < 2 or call_s * 1000.0 < KERNEL_TIMING_MS):
-                    start = time.perf_counter()  # the whole call, as eager runs it
-                    original_forward(task.module)(*args, **kwargs)
-                    call_s += time.perf_counter() - start
-                    with timer:  # its kernels (the mode's own overhead on every op stays out of both times)
-                        original_forward(task.module)(*args, **kwargs)
-                    calls += 1
-    except Exception as exc:  # noqa: BLE001 - the bound is an optimisation: any failure means "no bound"
-        logger.debug("%s: kernel time could not be measured: %s", describe_task(task), exc)
-        return None
-    return smallest.batch_size or 1, timer.seconds * 1000.0 / calls, call_s * 1000.0 / calls
-
-
-def probed_kernel_time(task: GraphTask) -> tuple[int, float, float] | None:
-    """:func:`kernel_time`, once per task (kept in ``task.probed``, which the result cache keeps for a rerun)."""
-    timed = task.probed.get(KERNEL_TIME, ())
-    if timed is not None and not _timing(timed):  # not probed yet, or a malformed stored value: time it
-        timed = task.probed[KERNEL_TIME] = kernel_time(task)
-    return None if timed is None else (int(timed[0]), float(timed[1]), float(timed[2]))
-
-
-def _timing(value: Any) -> bool:
-    """Whether ``value`` is what :func:`kernel_time` returns (a JSON copy of it is a list)."""
-    return isinstance(value, (tuple, list)) and len(value) == 3 and \
-        all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in value)
-
-
-class _KernelTimer(TorchDispatchMode):
-    """Adds up the wall time of the :data:`HEAVY_KERNELS` ops run under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seconds = 0.0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func.overloadpacket.__name__ not in HEAVY_KERNELS:
-            return func(*args, **(kwargs or {}))
-        start = time.perf_counter()
-        out = func(*args, **(kwargs or {}))
-        self.seconds += time.perf_counter() - start
-        return out
 
 
 def aot_gain(jit: Evaluation) -> float | None:
