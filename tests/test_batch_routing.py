@@ -23,6 +23,7 @@ from torch_tweak.torch.checkpoint import verify
 from torch_tweak.torch.module.spec import GraphSpec, TensorSpec
 from torch_tweak.torch.module.state import internals
 from torch_tweak.torch.profiling import ProfilingConfig
+from torch_tweak.torch.report.report import GraphReport
 from torch_tweak.torch.testing import FakeClock, TimedBackend
 from torch_tweak.torch.tune_strategy import TuneStrategy
 
@@ -176,6 +177,29 @@ def test_a_route_to_another_runtime_is_not_kept_when_switching_runtimes_costs_mo
                      r"1\.21/1\.22/1\.24/1\.28 without; the rerouted batch sizes need 1\.05x less time together", graph.reason)
     assert rows(graph)[other.describe()].status == "passed"
     assert list(wrapped.backends.values())[0].state.value == "active"
+
+
+@pytest.mark.parametrize("switch_ms", [0.0, 1.0])
+def test_a_rerun_reusing_the_results_decides_routes_on_the_mixed_calls_the_first_run_timed(clock, monkeypatch,
+                                                                                          switch_ms):
+    import torch_tweak.torch.tune_strategy.mixed_routes as mixed_routes
+
+    def tuned() -> GraphReport:
+        other, high_throughput = contending_pair(clock, switch_ms=switch_ms)
+        return tune(strategy(tt.HighestThroughputStrategy, clock, [high_throughput, other], eager_ms=1.5,
+                             eager_per_sample=0.2))[2]
+
+    first = tuned()
+    note = first.reason[first.reason.index("; routes to another runtime"):]
+    assert ("confirmed" if switch_ms == 0.0 else "not kept") in note
+
+    def timed_again(*args, **kwargs):
+        raise AssertionError("the routes were timed again")
+
+    monkeypatch.setattr(mixed_routes, "mixed_call_times", timed_again)
+    second = tuned()
+    assert all(row.reused for row in second.candidates)
+    assert second.chosen == first.chosen and second.reason.endswith(note)
 
 
 class _SleepingTorch(TorchEagerBackend):

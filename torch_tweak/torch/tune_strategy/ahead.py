@@ -154,9 +154,10 @@ def start_builds_ahead(strategy: Any, task: GraphTask, executor: Executor | None
         return None
     unbuilt = [(t, role) for t, role in strategy._templates()
                if cache is None or cache.load(cache.key(t, role)) is None]
-    templates = [t for t, role in unbuilt if role != BASELINE and t.compiles_ahead()]
     if not any(type(t).rebuilds_from_files for t, _ in unbuilt):  # no conversion to overlap (OpenVINO, ONNX
         return None  # Runtime and eager results reused): a background worker would only compete with the rest
+    # (asked after that: TorchAO's answer imports Inductor, 3-7 s, which a rerun that reuses every result skips)
+    templates = [t for t, role in unbuilt if role != BASELINE and t.compiles_ahead()]
     background = executor.background() if templates else None
     if background is None:
         return None

@@ -213,8 +213,8 @@ class IsolatedCandidates:
         """Let the worker release the candidates it keeps that are no longer swept (all, when none qualifies);
         returns the keys of those still swept."""
         keys = [e.template.key() for e in evaluations if e.role != BASELINE and e.qualified and e.template is not None]
-        if not executor.keeps_state:
-            return keys
+        if not executor.keeps_state or all(e.row.reused or e.row.worker is None for e in evaluations):
+            return keys  # nothing evaluated by a worker here (a rerun that reuses them all starts none for this)
         outcome = executor.submit(shared, keep_only, (keys,), time_limit_s=self.candidate_time_limit_s,
                                   label=f"{describe_task(task)}: releasing screened-out candidates").result()
         if isinstance(outcome, Failure):

@@ -51,7 +51,7 @@ from torch_tweak.torch.tune_strategy.base import (
 from torch_tweak.torch.tune_strategy.batch_search import search_if_enabled
 from torch_tweak.torch.tune_strategy.eager_gate import EagerGate
 from torch_tweak.torch.tune_strategy.isolated import IsolatedCandidates
-from torch_tweak.torch.tune_strategy.mixed_routes import MixedRoutes
+from torch_tweak.torch.tune_strategy.mixed_routes import MIXED_CALL_TIMES, MixedRoutes
 from torch_tweak.torch.tune_strategy.result_cache import ResultCache, ReusedResults
 from torch_tweak.torch.tune_strategy.results import (
     BASELINE,
@@ -218,8 +218,6 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
             finally:
                 if ahead is not None:
                     ahead.close()
-                if cache is not None:
-                    cache.store_probes(task.probed, self.persisted_probes)
             while True:  # a reused result serves once built and checked again; then routes are worked out again
                 chosen, reason = self._choose(task, evaluations, self._best(evaluations))
                 routes = batch_routes(chosen, evaluations, 1.0 + self.eager_margin) if self._routes_batches else None
@@ -232,6 +230,8 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
         finally:  # the worker times routes across runtimes too
             if executor is not None and shared is not None:
                 executor.release(shared)
+            if cache is not None:  # what the graph's probes and mixed calls measured, for a rerun
+                cache.store_probes(task.probed, (*self.persisted_probes, MIXED_CALL_TIMES))
         serving = [chosen] if routes is None else [e for _, e in routes]
         for evaluation in evaluations:
             if all(evaluation is not e for e in serving) and evaluation.backend is not None:

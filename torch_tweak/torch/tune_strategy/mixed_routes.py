@@ -17,6 +17,7 @@ per-call times either way.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 from dataclasses import replace
@@ -41,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 MIN_CYCLES = 2  # timed cycles of mixed calls per backend, however long one takes
 MAX_PROPOSALS = 2  # routes to other runtimes measured on mixed calls, at most, per graph
+#: The key in ``GraphTask.probed`` of the mixed-call timings of this tuning, by routings compared: the result cache
+#: keeps them, so a rerun that reuses the candidates' results neither builds nor times the routes again.
+MIXED_CALL_TIMES = "mixed_call_times"
 
 
 def mixed_call_times(backends: list[Backend], spec: GraphSpec, device: torch.device, plan: Plan, sizes: list[int],
@@ -136,7 +140,11 @@ class MixedRoutes:
         built_now = unbuilt(e for _, e in proposal)
         assert chosen.sweep is not None
         sizes = [m.batch_size for m in chosen.sweep.measurements if m.batched]
-        if executor is not None and shared is not None:
+        timing_key = _timing_key(routes, proposal, chosen, sizes)
+        stored = _stored_times(task.probed.get(MIXED_CALL_TIMES), timing_key)
+        if stored is not None:  # timed by an earlier run on the same reused results: it decides as that one did
+            before, after = stored
+        elif executor is not None and shared is not None:
             outcome = executor.submit(shared, time_routes, ([_sent(routes, chosen), _sent(proposal, chosen)], sizes,
                                                             plan), time_limit_s=self.candidate_time_limit_s,
                                       label=f"{describe_task(task)}: routes to {', '.join(others)}").result()
@@ -152,6 +160,9 @@ class MixedRoutes:
                                              self.profiling)
             for component in {id(c): c for c in (*current.components(), *proposed.components())}.values():
                 component.release_scratch()  # every size's buffers in every backend of both: serving needs fewer
+        if not isinstance(task.probed.get(MIXED_CALL_TIMES), dict):
+            task.probed[MIXED_CALL_TIMES] = {}
+        task.probed[MIXED_CALL_TIMES][timing_key] = [before, after]
         rerouted = {size for size in sizes if _route_at(proposal, size) is not _route_at(routes, size, chosen)}
         cycle = (f"one call at each batch size {sizes} in turn, p50 ms per call: {_times(after)} with the routes vs "
                  f"{_times(before)} without")
@@ -173,6 +184,25 @@ class MixedRoutes:
 
 
 Sent = list[tuple[int | None, Backend, str, CandidateReport]]
+
+
+def _timing_key(routes: Routes | None, proposal: Routes, chosen: Evaluation, sizes: list[int]) -> str:
+    """What a mixed-call timing of ``proposal`` against ``routes`` measured: both routings and the batch sizes."""
+    routings = [[(bound, template.key(), role) for bound, template, role, _ in _sent(r, chosen)]
+                for r in (routes, proposal)]
+    return json.dumps([routings, sizes])
+
+
+def _stored_times(stored: Any, key: str) -> tuple[dict[int, float], dict[int, float]] | None:
+    """The per-size times ``before, after`` an earlier run kept under ``key`` (None: none, or malformed)."""
+    pair = stored.get(key) if isinstance(stored, dict) else None
+    if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(times, dict) for times in pair):
+        return None
+    try:
+        before, after = ({int(size): float(ms) for size, ms in times.items()} for times in pair)
+    except (TypeError, ValueError):
+        return None
+    return (before, after) if before.keys() == after.keys() and before else None
 
 
 def _sent(routes: Routes | None, chosen: Evaluation) -> Sent:

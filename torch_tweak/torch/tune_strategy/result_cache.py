@@ -13,8 +13,9 @@ Only outcomes that a rerun would reproduce are kept (passed, rejected, failed to
 before its check: measured below what it needed, it is never chosen when reused; skipped by an int8 probe where
 it was to be built: a verdict on the graph and this CPU, which the key holds); a timeout, or a candidate skipped
 for what other candidates measured or for the time budget, is tried again. What the stand-in rules measure on the
-graph itself (``StandIns.persisted_probes``: eager's time in the kernels Inductor keeps) is kept beside the results
-under the same key, so that a rerun which reuses the others' measurements decides as the first run did. A reused candidate that the strategy chooses is built again (OpenVINO and ONNX Runtime
+graph itself (``StandIns.persisted_probes``: eager's time in the kernels Inductor keeps, its share of multiply-adds
+in linear layers) and the mixed-call timings of routes across runtimes are kept beside the results under the same
+key, so that a rerun which reuses the candidates' measurements decides as the first run did, without timing again. A reused candidate that the strategy chooses is built again (OpenVINO and ONNX Runtime
 reuse their converted files; compilers their own caches) and checked again on the current samples before it
 serves. A stored file is JSON parsed into plain values; a malformed one is a miss.
 """
