@@ -211,3 +211,28 @@ def test_a_route_to_a_reused_candidate_that_compiles_again_needs_a_gain_above_no
     else:
         assert again.chosen == candidates()[0].describe() and fast_b1 not in BUILDS
         assert rows[fast_b1].status != "chosen"
+
+
+def test_stored_probes_restore_only_the_names_asked_for(caplog):
+    from torch_tweak.torch.tune_strategy.result_cache import ResultCache
+
+    class Spec:
+        def to_dict(self):
+            return {"inputs": "x"}
+
+    def cache():
+        return ResultCache(mlp(), Spec(), {"strategy": "test"})
+
+    cache().store_probes({"kernel_time": [1, 0.5, 1.0], "other": 2}, ("kernel_time", "other"))
+    probed: dict = {}
+    cache().restore_probes(probed, ("kernel_time",))  # what the caller names, nothing else of the file
+    assert probed == {"kernel_time": [1, 0.5, 1.0]}
+    stored = [p for p in Path(tt.config.cache_dir).rglob("results/*.json") if "kernel_time" in p.read_text()]
+    assert len(stored) == 1
+    stored[0].write_text("{not json")
+    probed = {}
+    cache().restore_probes(probed, ("kernel_time",))
+    assert probed == {} and "Ignoring the stored probes" in caplog.text
+    changed = ResultCache(mlp(seed=1), Spec(), {"strategy": "test"})  # other weights: another key
+    changed.restore_probes(probed, ("kernel_time",))
+    assert probed == {}

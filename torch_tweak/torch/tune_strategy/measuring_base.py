@@ -50,8 +50,9 @@ from torch_tweak.torch.tune_strategy.base import (
 )
 from torch_tweak.torch.tune_strategy.batch_search import search_if_enabled
 from torch_tweak.torch.tune_strategy.eager_gate import EagerGate
+from torch_tweak.torch.tune_strategy.graph_probes import KEPT_PROBES
 from torch_tweak.torch.tune_strategy.isolated import IsolatedCandidates
-from torch_tweak.torch.tune_strategy.mixed_routes import MIXED_CALL_TIMES, MixedRoutes
+from torch_tweak.torch.tune_strategy.mixed_routes import MixedRoutes
 from torch_tweak.torch.tune_strategy.result_cache import ResultCache, ReusedResults
 from torch_tweak.torch.tune_strategy.results import (
     BASELINE,
@@ -206,8 +207,10 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
         search_if_enabled(self, task)
         plan = self._plan(task)
         screen = screening_plan(plan) if self.screening else None
-        cache = ResultCache(task.module, task.graph_spec, self._settings(plan, screen, task), task.probed) \
-            if self.reuse_results else None  # (a rerun's stand-in rules decide on what the first run probed)
+        cache = ResultCache(task.module, task.graph_spec, self._settings(plan, screen, task)) \
+            if self.reuse_results else None
+        if cache is not None:  # a rerun's rules and routes decide on what the first run probed and timed
+            cache.restore_probes(task.probed, KEPT_PROBES)
         executor, shared = self._open_executor(task)
         ahead = start_builds_ahead(self, task, executor, shared, cache)
         try:
@@ -231,7 +234,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
             if executor is not None and shared is not None:
                 executor.release(shared)
             if cache is not None:  # what the graph's probes and mixed calls measured, for a rerun
-                cache.store_probes(task.probed, (*self.persisted_probes, MIXED_CALL_TIMES))
+                cache.store_probes(task.probed, KEPT_PROBES)
         serving = [chosen] if routes is None else [e for _, e in routes]
         for evaluation in evaluations:
             if all(evaluation is not e for e in serving) and evaluation.backend is not None:

@@ -32,6 +32,7 @@ from torch_tweak.torch.module.spec import GraphSpec, resize_batch
 from torch_tweak.torch.profiling import ProfilingConfig, device_sync, percentile
 from torch_tweak.torch.report.report import CandidateReport, GraphReport
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task, release_quietly
+from torch_tweak.torch.tune_strategy.graph_probes import MIXED_CALL_TIMES
 from torch_tweak.torch.tune_strategy.isolated import WorkerContext
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, unbuilt
 from torch_tweak.torch.tune_strategy.routing import Routes, batch_routes, runtime_of
@@ -42,9 +43,6 @@ logger = logging.getLogger(__name__)
 
 MIN_CYCLES = 2  # timed cycles of mixed calls per backend, however long one takes
 MAX_PROPOSALS = 2  # routes to other runtimes measured on mixed calls, at most, per graph
-#: The key in ``GraphTask.probed`` of the mixed-call timings of this tuning, by routings compared: the result cache
-#: keeps them, so a rerun that reuses the candidates' results neither builds nor times the routes again.
-MIXED_CALL_TIMES = "mixed_call_times"
 
 
 def mixed_call_times(backends: list[Backend], spec: GraphSpec, device: torch.device, plan: Plan, sizes: list[int],

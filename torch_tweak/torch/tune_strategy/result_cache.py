@@ -13,7 +13,7 @@ Only outcomes that a rerun would reproduce are kept (passed, rejected, failed to
 before its check: measured below what it needed, it is never chosen when reused; skipped by an int8 probe where
 it was to be built: a verdict on the graph and this CPU, which the key holds); a timeout, or a candidate skipped
 for what other candidates measured or for the time budget, is tried again. What the stand-in rules measure on the
-graph itself (``StandIns.persisted_probes``: eager's time in the kernels Inductor keeps, its share of multiply-adds
+graph itself (``graph_probes.KEPT_PROBES``: eager's time in the kernels Inductor keeps, its share of multiply-adds
 in linear layers) and the mixed-call timings of routes across runtimes are kept beside the results under the same
 key, so that a rerun which reuses the candidates' measurements decides as the first run did, without timing again. A reused candidate that the strategy chooses is built again (OpenVINO and ONNX Runtime
 reuse their converted files; compilers their own caches) and checked again on the current samples before it
@@ -55,9 +55,7 @@ REUSABLE = {CandidateStatus.PASSED, CandidateStatus.REJECTED, CandidateStatus.BU
 class ResultCache:
     """The stored results of one graph's candidates (see the module docstring)."""
 
-    def __init__(self, module: Any, graph_spec: Any, settings: dict[str, Any],
-                 probed: dict[str, Any] | None = None) -> None:
-        """``probed``: the graph's ``GraphTask.probed``, updated with what an earlier run's probes stored."""
+    def __init__(self, module: Any, graph_spec: Any, settings: dict[str, Any]) -> None:
         self.folder = cache_folder("results")
         weights = weights_digest(module)
         measured_on = settings.get("measured_on")  # another machine's CPU (a Ray hardware class), else this one's
@@ -66,8 +64,6 @@ class ResultCache:
             "format": FORMAT, "weights": weights, "graph": graph_spec.to_dict(), "settings": settings,
             "cpu": cpu, "isa": isa, "versions": core_versions(),
         }
-        if probed is not None:
-            probed.update(self._load_probes())
 
     def key(self, template: Backend, role: str) -> str | None:
         """The result key of ``template`` in ``role``; None when the weights cannot be hashed."""
@@ -110,17 +106,19 @@ class ResultCache:
             logger.warning("Could not store the tuning result of %s in %s: %s", row.backend, self.folder, exc)
 
 
-    def _load_probes(self) -> dict[str, Any]:
-        """What stand-in probes measured on this graph in an earlier run (plain JSON values; {} if none)."""
+    def restore_probes(self, probed: dict[str, Any], names: tuple[str, ...]) -> None:
+        """Put into ``probed`` (a ``GraphTask.probed``) the ``names`` entries an earlier run stored for this graph:
+        plain JSON values, which their readers check before use (nothing else of the file is taken)."""
         key = self._probes_key()
         try:
-            probed = json.loads((self.folder / f"{key}.json").read_text(encoding="utf-8")) if key else {}
+            stored = json.loads((self.folder / f"{key}.json").read_text(encoding="utf-8")) if key else {}
         except FileNotFoundError:
-            return {}
+            return
         except (OSError, ValueError) as exc:
             logger.warning("Ignoring the stored probes of this graph (%s); they are measured again.", exc)
-            return {}
-        return probed if isinstance(probed, dict) else {}
+            return
+        if isinstance(stored, dict):
+            probed.update({name: stored[name] for name in names if name in stored})
 
     def store_probes(self, probed: dict[str, Any], names: tuple[str, ...]) -> None:
         """Keep the ``names`` entries of ``probed`` for a rerun (the stand-in rules' measurements of the graph: a

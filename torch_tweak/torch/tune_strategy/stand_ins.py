@@ -48,12 +48,7 @@ from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.report.status import CandidateStatus
 from torch_tweak.torch.tune_strategy.base import GraphTask
-from torch_tweak.torch.tune_strategy.graph_probes import (
-    KERNEL_TIME,
-    LINEAR_SHARE_PROBE,
-    probed_kernel_time,
-    probed_linear_share,
-)
+from torch_tweak.torch.tune_strategy.graph_probes import probed_kernel_time, probed_linear_share
 from torch_tweak.torch.tune_strategy.linear_calls import (
     int8_layer_slowdown,
     largest_linear_call,
@@ -106,8 +101,6 @@ class StandIns:
 
     skip_stand_ins: bool
     screening: bool
-    #: What the rules measure on the graph that the result cache keeps for a rerun (``GraphTask.probed`` keys).
-    persisted_probes = (KERNEL_TIME, LINEAR_SHARE_PROBE)
     screening_margin: float
 
     def _stand_in_row(self, template: Backend, role: str, task: GraphTask,
