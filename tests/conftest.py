@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import tempfile
 
 import pytest
@@ -22,6 +23,16 @@ import torch  # noqa: E402
 import torch_tweak.torch as tt  # noqa: E402
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_dynamo():
+    """Each test file starts with Dynamo's compiled code forgotten. Its cache is per code object, shared by every
+    module of a class (``nn.Sequential.forward``): after 8 compiles of it in one worker process, Dynamo runs the
+    forward of the next one eagerly, and a test of what a compiled candidate computes sees eager's result."""
+    if "torch._dynamo" in sys.modules:  # never imported here only for this (it takes seconds)
+        torch._dynamo.reset()
+    yield
 
 
 @pytest.fixture(autouse=True)

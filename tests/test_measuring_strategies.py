@@ -207,7 +207,7 @@ def test_hanging_candidate_is_abandoned_within_its_time_limit(clock):
         _, _, graph = tune(strat)
     finally:
         hanging.unblock()
-    assert time.perf_counter() - start < 3.0
+    assert time.perf_counter() - start < 10.0  # not the 20 s it hangs for (a loaded CI machine took 3.2 s)
     row = rows(graph)["HangingBackend()"]
     assert row.status == "timeout" and "candidate_time_limit_s=0.5" in row.error
     assert graph.chosen == fast.describe()
