@@ -451,3 +451,15 @@ def test_a_route_to_another_runtime_needs_a_gain_beyond_the_measurement_noise():
         (31, "chosen"), (None, "same")]
     assert [(b, e.row.backend) for b, e in batch_routes(chosen, [chosen, clearly], 1.05, other_runtime="openvino")] \
         == [(31, "chosen"), (None, "clearly")]
+
+
+def test_stored_mixed_call_times_are_used_only_when_well_formed_for_the_batch_sizes():
+    from torch_tweak.torch.tune_strategy.mixed_routes import _stored_times
+
+    good = {"k": [{"1": 0.8, "2": 1.2}, {"1": 0.5, "2": 1.3}]}
+    assert _stored_times(good, "k", [1, 2]) == ({1: 0.8, 2: 1.2}, {1: 0.5, 2: 1.3})
+    assert _stored_times(good, "other", [1, 2]) is None
+    assert _stored_times(good, "k", [1, 2, 4]) is None  # other batch sizes: timed again
+    for bad in ([], "x", {"k": "x"}, {"k": [{"1": 0.8}]}, {"k": [{"1": "fast"}, {"1": 0.5}]},
+                {"k": [{"one": 0.8}, {"1": 0.5}]}, {"k": [{"1": 0.8}, {"2": 0.5}]}):
+        assert _stored_times(bad, "k", [1]) is None, bad

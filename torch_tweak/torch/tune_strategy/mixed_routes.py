@@ -139,7 +139,7 @@ class MixedRoutes:
         assert chosen.sweep is not None
         sizes = [m.batch_size for m in chosen.sweep.measurements if m.batched]
         timing_key = _timing_key(routes, proposal, chosen, sizes)
-        stored = _stored_times(task.probed.get(MIXED_CALL_TIMES), timing_key)
+        stored = _stored_times(task.probed.get(MIXED_CALL_TIMES), timing_key, sizes)
         if stored is not None:  # timed by an earlier run on the same reused results: it decides as that one did
             before, after = stored
         elif executor is not None and shared is not None:
@@ -191,8 +191,9 @@ def _timing_key(routes: Routes | None, proposal: Routes, chosen: Evaluation, siz
     return json.dumps([routings, sizes])
 
 
-def _stored_times(stored: Any, key: str) -> tuple[dict[int, float], dict[int, float]] | None:
-    """The per-size times ``before, after`` an earlier run kept under ``key`` (None: none, or malformed)."""
+def _stored_times(stored: Any, key: str, sizes: list[int]) -> tuple[dict[int, float], dict[int, float]] | None:
+    """The per-size times ``before, after`` of ``sizes`` an earlier run kept under ``key`` (None: none, or
+    malformed)."""
     pair = stored.get(key) if isinstance(stored, dict) else None
     if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(times, dict) for times in pair):
         return None
@@ -200,7 +201,7 @@ def _stored_times(stored: Any, key: str) -> tuple[dict[int, float], dict[int, fl
         before, after = ({int(size): float(ms) for size, ms in times.items()} for times in pair)
     except (TypeError, ValueError):
         return None
-    return (before, after) if before.keys() == after.keys() and before else None
+    return (before, after) if set(before) == set(after) == set(sizes) else None
 
 
 def _sent(routes: Routes | None, chosen: Evaluation) -> Sent:
