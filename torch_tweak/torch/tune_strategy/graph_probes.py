@@ -84,18 +84,19 @@ def kernel_time(task: GraphTask) -> tuple[int, float, float] | None:
 
 def probed_kernel_time(task: GraphTask) -> tuple[int, float, float] | None:
     """:func:`kernel_time`, once per task (kept in ``task.probed``, which the result cache keeps for a rerun)."""
-    timed = _probe(task, KERNEL_TIME, _is_timing, lambda: kernel_time(task))
+    timed = probe(task, KERNEL_TIME, _is_timing, lambda: kernel_time(task))
     return None if timed is None else (int(timed[0]), float(timed[1]), float(timed[2]))
 
 
 def probed_linear_share(task: GraphTask) -> float | None:
     """:func:`~.linear_calls.linear_share` of the task's graph, once per task and kept like the kernel time (its
     counter, the first dispatch mode of a process, imports ``torch._dynamo``: 3-5 s on 2 cores)."""
-    return _probe(task, LINEAR_SHARE_PROBE, _is_share, lambda: linear_share(task.module, task))
+    return probe(task, LINEAR_SHARE_PROBE, _is_share, lambda: linear_share(task.module, task))
 
 
-def _probe(task: GraphTask, name: str, valid: Callable[[Any], bool], measure: Callable[[], Any]) -> Any:
-    """``task.probed[name]``, measured first when it is missing or not a valid value (a malformed stored one)."""
+def probe(task: GraphTask, name: str, valid: Callable[[Any], bool], measure: Callable[[], Any]) -> Any:
+    """``task.probed[name]``, measured first when it is missing or not a valid value (a malformed stored one): each
+    probe of a graph runs once per tuning of it."""
     value = task.probed.get(name, _MISSING)
     if value is _MISSING or (value is not None and not valid(value)):
         value = task.probed[name] = measure()

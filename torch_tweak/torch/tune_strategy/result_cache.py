@@ -70,8 +70,7 @@ class ResultCache:
         if self._base is None:
             return None
         packages = distribution_versions(required_packages(type(template).__name__))
-        doc = {**self._base, "backend": template.key(), "role": role, "packages": packages}
-        return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+        return _digest({**self._base, "backend": template.key(), "role": role, "packages": packages})
 
     def load(self, key: str | None) -> tuple[CandidateReport, SweepResult | None] | None:
         """The stored row and sweep for ``key``, or None (missing, unreadable or malformed)."""
@@ -98,13 +97,9 @@ class ResultCache:
             return
         doc = {"format": FORMAT, "row": asdict(row), "sweep": sweep.to_dict() if sweep is not None else None}
         try:
-            handle, temporary = tempfile.mkstemp(dir=self.folder, prefix=".result-", suffix=".tmp")
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
-                json.dump(doc, out, default=str)
-            os.replace(temporary, self.folder / f"{key}.json")
+            self._write(key, doc)
         except OSError as exc:
             logger.warning("Could not store the tuning result of %s in %s: %s", row.backend, self.folder, exc)
-
 
     def restore_probes(self, probed: dict[str, Any], names: tuple[str, ...]) -> None:
         """Put into ``probed`` (a ``GraphTask.probed``) the ``names`` entries an earlier run stored for this graph:
@@ -127,17 +122,23 @@ class ResultCache:
         if key is None or not kept:
             return
         try:
-            handle, temporary = tempfile.mkstemp(dir=self.folder, prefix=".probes-", suffix=".tmp")
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
-                json.dump(kept, out)
-            os.replace(temporary, self.folder / f"{key}.json")
+            self._write(key, kept)
         except (OSError, TypeError, ValueError) as exc:
             logger.warning("Could not store the probes of this graph in %s: %s", self.folder, exc)
 
     def _probes_key(self) -> str | None:
-        if self._base is None:
-            return None
-        return hashlib.sha256(json.dumps({**self._base, "probes": 1}, sort_keys=True, default=str).encode()).hexdigest()
+        return None if self._base is None else _digest({**self._base, "probes": 1})
+
+    def _write(self, key: str, doc: Any) -> None:
+        """Write ``doc`` as ``<key>.json``, atomically (a reader never sees half a file)."""
+        handle, temporary = tempfile.mkstemp(dir=self.folder, prefix=".result-", suffix=".tmp")
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump(doc, out, default=str)
+        os.replace(temporary, self.folder / f"{key}.json")
+
+
+def _digest(doc: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _measured_on(task: GraphTask) -> dict[str, Any] | None:

@@ -48,7 +48,7 @@ from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.report.status import CandidateStatus
 from torch_tweak.torch.tune_strategy.base import GraphTask
-from torch_tweak.torch.tune_strategy.graph_probes import probed_kernel_time, probed_linear_share
+from torch_tweak.torch.tune_strategy.graph_probes import probe, probed_kernel_time, probed_linear_share
 from torch_tweak.torch.tune_strategy.linear_calls import (
     int8_layer_slowdown,
     largest_linear_call,
@@ -224,10 +224,8 @@ class StandIns:
 def _probed(template: Backend, task: GraphTask) -> tuple[float, str] | None:
     """:func:`~.linear_calls.int8_layer_slowdown` of ``template``, once per outputs key and task (the twins of a
     probed candidate, scheduled differently, quantize the same)."""
-    key = f"int8_layer:{template.outputs_key() or template.key()}"
-    if key not in task.probed:
-        task.probed[key] = int8_layer_slowdown(template, task)
-    return task.probed[key]
+    key = f"int8_layer:{template.outputs_key() or template.key()}"  # never stored: any value it has was measured
+    return probe(task, key, lambda _: True, lambda: int8_layer_slowdown(template, task))  # type: ignore[no-any-return]
 
 
 def _small_matrices_reason(task: GraphTask) -> str | None:
