@@ -22,6 +22,7 @@ from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
 from torch_tweak.torch.executor._stream import receive_pickle
+from torch_tweak.utils import priority
 
 
 class _Unloadable:
@@ -77,12 +78,12 @@ def _die_with_parent() -> None:
 def main(conn: Connection, num_threads: int, log_level: int, background: bool = False) -> None:
     """Serve the parent until it says stop or goes away. A ``background`` worker (builds ahead of their turn,
     ``executor/background.py``) leads a process group of its own, which the measuring processes pause while they
-    time calls, and runs at the lowest priority, so that it takes only the cores the other work leaves idle."""
+    time calls, and builds at the lowest priority, so that it takes only the cores the other work leaves idle."""
     import multiprocessing
 
     if background:
         os.setpgid(0, 0)  # its compiler's helper processes join this group: one signal pauses them all
-        os.nice(19)
+        priority.lower()  # measuring there restores it (utils/priority.py)
         _die_with_parent()
 
     # A spawned process inherits "spawn" as its default start method. Libraries that start helper processes

@@ -47,7 +47,7 @@ from torch_tweak.torch.tune_strategy.base import (
     release_scratch,
 )
 from torch_tweak.torch.tune_strategy.results import BASELINE, Evaluation, Plan, selection_dict
-from torch_tweak.utils import pause
+from torch_tweak.utils import pause, priority
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,14 @@ def evaluate_candidate(context: WorkerContext, template: Backend, role: str, pla
                        keep: bool = False) -> tuple[CandidateReport, SweepResult | None]:
     """In the worker: build, check and measure ``template`` like the strategy does in process; release it, or
     with ``keep`` hold it in the context for :func:`sweep_candidate` (screening measured it at two batch sizes).
-    In the background worker, the build it made ahead (:func:`build_ahead`) is checked and measured."""
+    In the background worker, the build it made ahead (:func:`build_ahead`) is checked and measured, at the
+    worker's normal priority (``utils/priority.py``)."""
+    with priority.normal():
+        return _evaluate(context, template, role, plan, keep)
+
+
+def _evaluate(context: WorkerContext, template: Backend, role: str, plan: Plan,
+              keep: bool) -> tuple[CandidateReport, SweepResult | None]:
     pause.hold_only(context.paused)
     task = replace(context.task, report=GraphReport(name=context.task.report.name))
     if task.store is not None and not task.store.folder.is_dir():  # another machine: the caller's disk is not here
@@ -99,7 +106,8 @@ def sweep_candidate(context: WorkerContext, template: Backend, role: str, plan: 
     if backend is None:
         return evaluate_candidate(context, template, role, plan)[1]
     try:
-        return context.strategy._measure_backend(backend, context.task, plan, None)
+        with priority.normal():
+            return context.strategy._measure_backend(backend, context.task, plan, None)
     finally:
         release_quietly(backend)
         _return_freed_memory()
