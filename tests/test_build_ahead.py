@@ -32,8 +32,10 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pr
 FAST = ProfilingConfig(warmup_calls=1, min_calls=5, window_size=5, min_time_s=0.0, max_time_s=0.02, max_calls=50,
                        pause_s=0.0)
 DATA = [torch.randn(8) for _ in range(6)]
-#: The background worker's nice value while it builds: 19 where it may return to its own to measure, else its own.
-LOWEST = priority.LOWEST if priority._can_restore(os.getpriority(os.PRIO_PROCESS, 0)) else 0
+#: This process's nice value, which its workers inherit, and the background worker's while it builds: 19 where it
+#: may return to its own to measure, else its own.
+OWN = os.getpriority(os.PRIO_PROCESS, 0)
+LOWEST = priority.LOWEST if OWN < priority.LOWEST and priority._can_restore(OWN) else OWN
 
 
 class BuildsLoggedBackend(TorchEagerBackend):
@@ -223,7 +225,7 @@ def test_a_candidate_built_ahead_is_checked_and_measured_by_the_background_worke
     background = builds[0]
     assert background["pgid"] == background["pid"] and background["nice"] == LOWEST
     calls = [b for b in builds if "call_nice" in b]
-    assert calls and all(c["call_nice"] == 0 for c in calls)  # checked and measured at the normal priority
+    assert calls and all(c["call_nice"] == OWN for c in calls)  # checked and measured at the normal priority
     builds = [b for b in builds if "nice" in b]
     assert all(b["pid"] in (background["pid"], os.getpid()) for b in builds)  # no build again in the main worker
     assert any("checked and measured there in its turn" in r.getMessage() for r in caplog.records)
@@ -249,7 +251,7 @@ def test_a_screened_candidate_evaluated_in_the_background_is_swept_there(tmp_pat
     row = next(r for r in report.module("swept").graphs[0].candidates if r.backend.startswith("BuildsLoggedBackend"))
     assert row.measurements["batch_sizes"] == [1, 2, 4]  # screened at 1, 4; swept
     calls = [json.loads(line) for line in log.read_text().splitlines() if "call_nice" in line]
-    assert calls and all(c["call_nice"] == 0 for c in calls)  # screened and swept at the normal priority
+    assert calls and all(c["call_nice"] == OWN for c in calls)  # screened and swept at the normal priority
     builds = _builds(log)
     assert builds[0]["nice"] == LOWEST and all(b["pid"] in (builds[0]["pid"], os.getpid()) for b in builds)
 
@@ -269,7 +271,7 @@ def test_a_build_ahead_whose_turn_finds_the_background_busy_is_built_again_by_th
     rows = {r.backend: r for r in report.module("busy").graphs[0].candidates}
     quick_row, slow_row = rows["BuildsLoggedBackend(quick)"], rows["BuildsLoggedBackend(slow)"]
     assert any("the main worker builds it again in its turn" in r.getMessage() for r in caplog.records)
-    assert [b["nice"] for b in builds if b["name"] == "quick"][:2] == [LOWEST, 0]
+    assert [b["nice"] for b in builds if b["name"] == "quick"][:2] == [LOWEST, OWN]
     assert not quick_row.worker.startswith(f"pid {first_quick['pid']} ")
     assert slow_row.worker.startswith(f"pid {first_quick['pid']} ")  # its turn waited for it: measured there
     assert [b["nice"] for b in builds if b["name"] == "slow"][:1] == [LOWEST]
@@ -307,13 +309,13 @@ def test_nothing_is_built_ahead_when_the_other_candidates_results_are_reused(tmp
     again, graph = _tune(tmp_path, "process", "reused", reuse_results=True)
     again = [b for b in again if "nice" in b]
     assert all(row.reused for row in graph.candidates)
-    assert all(build["nice"] == 0 for build in again[len(first):])  # no background worker: nothing to overlap
+    assert all(build["nice"] == OWN for build in again[len(first):])  # no background worker: nothing to overlap
 
 
 def test_build_ahead_false_builds_each_candidate_in_its_turn_only(tmp_path):
     builds, _ = _tune(tmp_path, ProcessExecutor(build_ahead=False), "no_ahead")
     builds = [b for b in builds if "nice" in b]
-    assert all(b["pgid"] != b["pid"] for b in builds[:1]) and all(b["nice"] == 0 for b in builds)
+    assert all(b["pgid"] != b["pid"] for b in builds[:1]) and all(b["nice"] == OWN for b in builds)
 
 
 def test_build_ahead_is_validated():

@@ -5,7 +5,8 @@ process while the other candidates are built and measured (``executor/background
 well, but a measurement must not: a compile on the other core slows a 2-thread call by far more than the noise
 the strategies allow for. So every timed loop (:func:`~torch_tweak.torch.profiling.measure.measure`, the kernel
 bound of ``tune_strategy/stand_ins.py``, the mixed-call check) runs inside :func:`paused`, which stops the held
-process groups with ``SIGSTOP`` and continues them with ``SIGCONT`` afterwards (a few microseconds each).
+process groups with ``SIGSTOP``, starts timing once none of their processes is on a CPU any more (a scan of
+``/proc``: 2 ms on a VM with 100 processes), and continues them with ``SIGCONT`` afterwards.
 
 A group is held as ``(pgid, start)``: the group leader's process id and its start time (``/proc/<pid>/stat``,
 field 22). A signal goes to the group only while a process with that id and that start time exists, so a
