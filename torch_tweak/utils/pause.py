@@ -65,17 +65,12 @@ def _wait_until_stopped(groups: list[tuple[int, int]]) -> None:
     ``SIGSTOP`` takes effect when the process next returns from the kernel: measured during tuning, a background
     compiler (the Python worker, ``cc1plus``, ``ld``) went on running for up to 0.3 s after it was sent, long
     enough to spoil a 0.1 s measurement of a 2-thread call. Sleeping processes stop as soon as they wake."""
-    if not groups:
-        return
-    pids = sorted({pid for group in groups for pid in (group[0], *members(group))})  # the leader, in its group or not
+    pids = {pid for group in groups for pid in (group[0], *members(group))}  # the leader, in its group or not
     deadline = time.monotonic() + STOP_WAIT_S
-    while pids:
-        pids = [pid for pid in pids if _running(pid)]
-        if not pids:
-            return
+    while pids := {pid for pid in pids if _running(pid)}:
         if time.monotonic() > deadline:
-            logger.debug("Paused processes %s were still running %.1f s after SIGSTOP; measuring anyway.", pids,
-                         STOP_WAIT_S)
+            logger.debug("Paused processes %s were still running %.1f s after SIGSTOP; measuring anyway.",
+                         sorted(pids), STOP_WAIT_S)
             return
         time.sleep(0.001)
 
