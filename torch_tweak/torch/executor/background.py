@@ -10,11 +10,11 @@ builds, checks and measures the other candidates.
 The background worker leads a process group of its own and builds at the lowest priority (nice 19, where it can
 return to its own to measure: ``utils/priority.py``), so it takes only the cores the other work leaves idle; every
 timed call of the tuning pauses its group (``utils/pause.py``). Units are sent one at a time, so one that is no
-longer wanted can be dropped before it starts; a running one is dropped by killing the worker, and so are the units queued after it (one worker per
-graph: the measuring processes pause its group only). A unit that fails, crashes or runs out of time only loses
-its head start: the strategy builds the candidate in its turn as usual. A watcher process
-(``utils/group_guard.py``) kills the group when the tuning process dies, even by ``kill -9``: the compiler's
-helpers do not die with the worker, and a group paused at that moment would otherwise stay stopped.
+longer wanted can be dropped before it starts; a running one is dropped by killing the worker, and so are the units
+queued after it (one worker per graph: the measuring processes pause its group only). A unit that fails, crashes or
+runs out of time only loses its head start: the strategy builds the candidate in its turn as usual. A watcher
+process (``utils/group_guard.py``) kills the group when the tuning process dies, even by ``kill -9``: the
+compiler's helpers do not die with the worker, and a group paused at that moment would otherwise stay stopped.
 """
 
 from __future__ import annotations
