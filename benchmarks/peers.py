@@ -21,6 +21,7 @@ tables go to ``benchmarks/results/peers_<mode>.{json,md}``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -33,7 +34,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from peers import envs, report  # noqa: E402
+from peers import envs, report, serve  # noqa: E402
 from peers.systems import BY_KEY, MODES, SYSTEMS, Mode, System  # noqa: E402
 from peers.workloads import WORKLOADS  # noqa: E402
 
@@ -98,7 +99,7 @@ class Driver:
         artifact.mkdir(parents=True, exist_ok=True)
         command = [str(python), str(HERE / "peers" / system.runner), "--system", system.key, "--workload", workload,
                    "--phase", phase, "--run-dir", str(RUN_DIR), "--out", str(out), "--artifact", str(artifact),
-                   "--reps", str(self.mode.dispatch_reps if phase == "dispatch" else self.mode.reps),
+                   "--reps", str({"dispatch": self.mode.dispatch_reps, "serve": 1}.get(phase, self.mode.reps)),
                    "--rep-time", str(self.mode.rep_time), "--batches", ",".join(map(str, batches)),
                    "--tune-batches", ",".join(map(str, self.mode.tune_batches.get(workload, [1, 2])))]
         log_path = RUN_DIR / "logs" / f"{name}.log"
@@ -150,18 +151,18 @@ def run_workload(driver: Driver, workload: str, systems: list[System]) -> dict[s
         for i in range(driver.mode.load_reps - (1 if system.key == "tt" else 0)):
             load_system = BY_KEY["tt_loaded"] if system.key == "tt" else system
             results[system.key]["loads"].append(driver.run(load_system, workload, "load", [], tag=f"_{i}"))
+    serve.run_rounds(driver, workload, results, driver.mode.serve_rounds, log)
     return results
 
 
-def add_systems(args: argparse.Namespace, mode: Mode, systems: list[System], loads: list[dict[str, str]],
-                start: float) -> None:
-    """Run ``systems`` on the workloads of the mode's existing result file, in that run's folder, and add their
-    records to the file (a system already there is replaced); the additions are listed in the tables' header."""
+def _earlier_run(args: argparse.Namespace, mode: Mode) -> tuple[Path, dict[str, Any], list[str]]:
+    """The mode's result file, its records, and the asked-for workloads it holds, after checking that ``RUN_DIR``
+    still holds that run (same eager records, inputs and references)."""
     path = args.out_dir / f"peers_{mode.name}.json"
     old = json.loads(path.read_text())
     if args.tune_samples != old["meta"]["settings"].get("tune_samples", 8):
         raise SystemExit(f"{path} was run with --tune-samples {old['meta']['settings'].get('tune_samples', 8)}; "
-                         "--add reuses that run's inputs, so pass the same number (or run anew)")
+                         "--add and --serve-only reuse that run's inputs, so pass the same number (or run anew)")
     workloads = [w for w in old["records"] if w in args.workloads.split(",")]
     for workload in workloads:
         eager = RUN_DIR / "records" / f"eager_{workload}_tune.json"
@@ -169,6 +170,40 @@ def add_systems(args: argparse.Namespace, mode: Mode, systems: list[System], loa
             old["records"][workload]["eager"]["tune"].get("started")
         if not same or not (RUN_DIR / f"{workload}.ref.pt").is_file():
             raise SystemExit(f"{RUN_DIR} no longer holds the run behind {path} (workload {workload}); run it anew")
+    return path, old, workloads
+
+
+def add_rounds(args: argparse.Namespace, mode: Mode, loads: list[dict[str, str]], start: float) -> None:
+    """Run the interleaved serving rounds (``peers/serve.py``) again on the artifacts of the mode's existing result
+    file, replacing its earlier rounds; noted in the tables' header like ``--add``."""
+    path, old, workloads = _earlier_run(args, mode)
+    driver = Driver(mode, {}, {})
+    for workload in workloads:
+        uptime(f"before {workload}", loads)
+        serve.run_rounds(driver, workload, old["records"][workload], mode.serve_rounds, log)
+    uptime("end", loads)
+    _rewrite(old, mode, path, {"command": " ".join(["python", "benchmarks/peers.py", *sys.argv[1:]]),
+                               "date": time.strftime("%Y-%m-%d %H:%M %Z"), "wall_s": time.perf_counter() - start,
+                               "systems": ["serving rounds"], "workloads": workloads, "uptime": loads,
+                               "processes": driver.processes})
+
+
+def _rewrite(old: dict[str, Any], mode: Mode, path: Path, addition: dict[str, Any]) -> None:
+    """Note ``addition`` in the result file's meta, assemble it again and write its JSON and Markdown."""
+    meta = old["meta"]
+    meta.setdefault("additions", []).append(addition)
+    data = report.assemble(meta, mode, old["dispatch"], old["records"])
+    path.write_text(json.dumps(data, indent=1, default=str))
+    path.with_suffix(".md").write_text(report.markdown(data))
+    print(report.markdown(data))
+    log(f"done in {addition['wall_s']:.0f} s: {path}, {path.with_suffix('.md')}")
+
+
+def add_systems(args: argparse.Namespace, mode: Mode, systems: list[System], loads: list[dict[str, str]],
+                start: float) -> None:
+    """Run ``systems`` on the workloads of the mode's existing result file, in that run's folder, and add their
+    records to the file (a system already there is replaced); the additions are listed in the tables' header."""
+    path, old, workloads = _earlier_run(args, mode)
     python: dict[str, Path | None] = {}
     env_errors: dict[str, str] = {}
     for name in sorted({s.env for s in systems if s.env}):
@@ -203,18 +238,12 @@ def add_systems(args: argparse.Namespace, mode: Mode, systems: list[System], loa
                     entries[system.key]["loads"].append(driver.run(system, workload, "load", [], tag=f"_{i}"))
         old["records"][workload] = {s.key: entries[s.key] for s in SYSTEMS if s.key in entries}
     uptime("end", loads)
-    meta = old["meta"]
-    if any(s.key == "tt_task" for s in systems) and meta.get("tt_task_metric"):
-        meta["tt_task_metric"]["included"] = True
-    meta.setdefault("additions", []).append({
+    if any(s.key == "tt_task" for s in systems) and old["meta"].get("tt_task_metric"):
+        old["meta"]["tt_task_metric"]["included"] = True
+    _rewrite(old, mode, path, {
         "command": " ".join(["python", "benchmarks/peers.py", *sys.argv[1:]]), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "wall_s": time.perf_counter() - start, "systems": [s.key for s in systems], "workloads": workloads,
         "uptime": loads, "processes": driver.processes})
-    data = report.assemble(meta, mode, old["dispatch"], old["records"])
-    path.write_text(json.dumps(data, indent=1, default=str))
-    path.with_suffix(".md").write_text(report.markdown(data))
-    print(report.markdown(data))
-    log(f"done in {time.perf_counter() - start:.0f} s: {path}, {path.with_suffix('.md')}")
 
 
 def main() -> None:
@@ -239,6 +268,12 @@ def main() -> None:
     parser.add_argument("--add", action="store_true",
                         help="add (or redo) the given --systems in the mode's existing result file, reusing that run's "
                              "weights, inputs and eager references (benchmarks/.peer_envs/run must still be that run's)")
+    parser.add_argument("--serve-rounds", type=int,
+                        help="interleaved serving rounds per workload (default: 2 quick, 3 full; 0: none), see "
+                             "peers/serve.py")
+    parser.add_argument("--serve-only", action="store_true",
+                        help="only run the serving rounds again on the artifacts of the mode's existing result file "
+                             "(benchmarks/.peer_envs/run must still be that run's)")
     args = parser.parse_args()
     if args.tune_samples < 1:
         parser.error("--tune-samples must be at least 1")
@@ -250,6 +285,10 @@ def main() -> None:
         print(report.markdown(data))
         return
     mode = MODES[args.mode or "quick"]
+    if args.serve_rounds is not None:
+        if args.serve_rounds < 0:
+            parser.error("--serve-rounds must be 0 or more")
+        mode = dataclasses.replace(mode, serve_rounds=args.serve_rounds)
     start = time.perf_counter()
     loads: list[dict[str, str]] = []
     uptime("start", loads)
@@ -265,6 +304,9 @@ def main() -> None:
     wanted = sorted((BY_KEY[k] for k in keys), key=SYSTEMS.index)
     if "eager" not in [s.key for s in wanted]:
         wanted.insert(0, BY_KEY["eager"])
+    if args.serve_only:
+        add_rounds(args, mode, loads, start)
+        return
     if args.add:
         add_systems(args, mode, [s for s in wanted if s.key != "eager" or "eager" in keys], loads, start)
         return

@@ -28,7 +28,7 @@ def parse_args(description: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--system", required=True)
     parser.add_argument("--workload", required=True)
-    parser.add_argument("--phase", choices=("tune", "load", "dispatch"), default="tune")
+    parser.add_argument("--phase", choices=("tune", "load", "serve", "dispatch"), default="tune")
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions per batch size")
@@ -80,6 +80,14 @@ def time_calls(fn: Callable[[], Any], batch: int, reps: int, rep_time: float, pa
         p99.append(percentile(times, 99) * 1e3)
         throughput.append(batch * calls / wall)
     return {"calls_per_rep": calls, "p50_ms": summary(p50), "p99_ms": summary(p99), "throughput": summary(throughput)}
+
+
+def serve_batches(record: dict[str, Any], args: argparse.Namespace, time_batch: Callable[[int], dict[str, Any]]) -> None:
+    """The ``serve`` phase's timing, after the runner loaded its artifact: a pause (the load's thread pools go
+    idle), then ``time_batch(b)`` for every batch size the driver asked for, into ``record["batches"]``."""
+    time.sleep(0.5)
+    for b in (int(b) for b in args.batches.split(",") if b):
+        record["batches"][str(b)] = time_batch(b)
 
 
 def compare_calls(raw: Callable[[], Any], wrapped: Callable[[], Any], reps: int, rep_time: float) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import statistics
 import time
 from typing import Any
 
+from peers import serve
 from peers.systems import BY_KEY, SYSTEMS, Mode
 from peers.workloads import CALIBRATION_BATCHES, TASKS, WORKLOADS
 
@@ -101,7 +102,8 @@ def assemble(meta: dict[str, Any], mode: Mode, dispatch: dict[str, Any], results
                      "ort_config": e["tune"].get("ort_config"), "remarks": e["tune"].get("notes") or [],
                      "load_errors": [r.get("error") for r in e.get("loads", []) if not r.get("ok")]}
                  for k, e in entries.items()} for w, entries in results.items()}
-    return {"meta": meta, "dispatch": dispatch, "rows": rows, "notes": notes, "records": results}
+    return {"meta": meta, "dispatch": dispatch, "rows": rows, "notes": notes, "serve": serve.summarize(results, mode),
+            "records": results}
 
 
 def _task_value(row: dict[str, Any]) -> float | None:
@@ -297,7 +299,7 @@ def markdown(data: dict[str, Any]) -> str:
              f"0.14.0; {meta['wall_s'] / 60:.1f} min wall. Load average during the measurements {_load_range(rows)}.",
              ""]
     for added in meta.get("additions", []):
-        rows_of = ", ".join(BY_KEY[k].title for k in added["systems"])
+        rows_of = ", ".join(BY_KEY[k].title if k in BY_KEY else k for k in added["systems"])
         lines += [f"Added afterwards by `{added['command']}` on {added['date']} ({added['wall_s'] / 60:.1f} min wall, "
                   f"same weights, inputs and eager references): {rows_of}. Load then: "
                   + "; ".join(f"{u['when']} `{u['uptime'].split('load average: ')[-1]}`" for u in added["uptime"])
@@ -333,6 +335,7 @@ def markdown(data: dict[str, Any]) -> str:
     summary = ["", "**Summary** (samples/s at each batch size; in brackets the task metric on the held-out "
                "inputs; x: torch_tweak's throughput over the peer's):", ""]
     summary += _summary_table(summary_rows(rows), rows)
+    summary += serve.markdown(data.get("serve") or [])
     return "\n".join(lines + summary + [""] + _notes(data)) + "\n"
 
 

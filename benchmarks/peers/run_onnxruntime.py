@@ -1,13 +1,14 @@
 """Runner: ONNX Runtime set up by hand, as a user's few-line script would (no torch_tweak involved).
 
-    python run_onnxruntime.py --system onnxruntime --workload W --phase {tune,load} ...
+    python run_onnxruntime.py --system onnxruntime --workload W --phase {tune,load,serve} ...
 
 ``tune``: ``torch.onnx.export`` with torch's default exporter and dynamic batch (and, for the encoder,
 sequence) axes, then an ``onnxruntime.InferenceSession`` with the CPU execution provider, the default
 graph optimizations (``ORT_ENABLE_ALL``) and ``intra_op_num_threads`` set to the number of cores; every
 call is ``session.run`` on numpy inputs, one after another. The "tuning" time is export plus session
 creation. ``load``: a fresh process that never imports torch creates the session from the saved
-``.onnx`` file and runs one inference.
+``.onnx`` file and runs one inference. ``serve``: a fresh process without torch creates the session from the
+saved file and times every batch size (one round of the driver's interleaved serving rounds).
 """
 
 from __future__ import annotations
@@ -94,7 +95,21 @@ def load() -> None:
     record["selected"] = "ONNX Runtime CPU"
 
 
+def serve() -> None:
+    """Fresh process without torch: the saved session, timed at every batch size."""
+    import numpy as np
+
+    ort = _import_ort()
+    inputs = np.load(args.run_dir / f"{args.workload}.inputs.npz")
+    session = _session(ort, args.artifact / "model.onnx")
+    feeds = {b: {"input": np.ascontiguousarray(inputs[f"b{b}"])} for b in map(int, args.batches.split(","))}
+    for feed in feeds.values():
+        session.run(None, feed)
+    common.serve_batches(record, args, lambda b: common.time_calls(lambda: session.run(None, feeds[b]), b, args.reps,
+                                                                   args.rep_time))
+
+
 if __name__ == "__main__":  # guard: some peers start worker processes that re-import __main__
     args = common.parse_args(__doc__.splitlines()[0])
     record = common.new_record(args)
-    common.run_guarded(record, args.out, tune if args.phase == "tune" else load)
+    common.run_guarded(record, args.out, {"tune": tune, "load": load, "serve": serve}[args.phase])

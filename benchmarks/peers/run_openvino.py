@@ -1,6 +1,6 @@
 """Runner: OpenVINO configured by hand as its documentation recommends (no torch_tweak involved).
 
-    python run_openvino.py --system {ov_throughput,ov_latency,ov_int8_throughput,ov_int8_latency} --workload W ...
+    python run_openvino.py --system {ov_throughput,ov_latency,ov_int8_throughput,ov_int8_latency} --workload W --phase {tune,load,serve} ...
 
 ``tune``: ``ov.convert_model`` (example input, dynamic shapes), ``ov.save_model`` (fp32 weights), then
 ``core.compile_model`` with ``PERFORMANCE_HINT`` THROUGHPUT or LATENCY and the model cache (``CACHE_DIR``)
@@ -10,7 +10,8 @@ request); LATENCY through one infer request called synchronously. OpenVINO's def
 CPU is kept (bf16 where the CPU has it), so the fidelity column shows what that costs. Timing runs on
 numpy inputs after a pause, with no torch call in between (torch and OpenVINO thread pools interfere).
 ``load``: a fresh process that never imports torch compiles the saved IR (from the model cache) and
-runs one inference.
+runs one inference. ``serve``: a fresh process without torch compiles the saved IR and times every batch
+size as ``tune`` does (one round of the driver's interleaved serving rounds).
 
 The ``ov_int8_*`` systems quantize the converted model with NNCF post-training quantization
 (``nncf.quantize`` with its defaults, ``model_type=TRANSFORMER`` for the encoder as NNCF's documentation
@@ -111,12 +112,14 @@ def tune() -> None:
     record["task"] = common.task_check(args.run_dir, args.workload, lambda x: request.infer({0: x})[0], numpy_io=True)
     time.sleep(1.0)
     for b in batches:
-        if HINT == "THROUGHPUT":
-            record["batches"][str(b)].update(_time_async(ov, compiled, feeds[b], b))
-        else:
-            feed = feeds[b]
-            record["batches"][str(b)].update(common.time_calls(lambda feed=feed: request.infer(feed, share_inputs=True),
-                                                               b, args.reps, args.rep_time))
+        record["batches"][str(b)].update(_time(ov, compiled, request, feeds[b], b))
+
+
+def _time(ov, compiled, request, feed, batch: int) -> dict:
+    """THROUGHPUT: an AsyncInferQueue kept full; LATENCY: ``request`` called synchronously."""
+    if HINT == "THROUGHPUT":
+        return _time_async(ov, compiled, feed, batch)
+    return common.time_calls(lambda: request.infer(feed, share_inputs=True), batch, args.reps, args.rep_time)
 
 
 def _quantize(ov, ov_model, inputs: dict, convert_s: float, shared):
@@ -160,6 +163,19 @@ def load() -> None:
     record["selected"] = f"OpenVINO INT8 (NNCF) {HINT}" if INT8 else f"OpenVINO {HINT}"
 
 
+def serve() -> None:
+    """Fresh process without torch: compile the saved IR (model cache warm), time every batch size."""
+    import numpy as np
+    import openvino as ov
+
+    inputs = np.load(args.run_dir / f"{args.workload}.inputs.npz")
+    compiled = _compile(ov, str(args.artifact / "model.xml"))
+    request = compiled.create_infer_request()
+    feeds = {b: {0: np.ascontiguousarray(inputs[f"b{b}"])} for b in map(int, args.batches.split(","))}
+    for feed in feeds.values():
+        request.infer(feed)
+    common.serve_batches(record, args, lambda b: _time(ov, compiled, request, feeds[b], b))
+
 
 if __name__ == "__main__":  # guard: some peers start worker processes that re-import __main__
     args = common.parse_args(__doc__.splitlines()[0])
@@ -167,4 +183,4 @@ if __name__ == "__main__":  # guard: some peers start worker processes that re-i
     HINT = {"ov_throughput": "THROUGHPUT", "ov_latency": "LATENCY", "ov_int8_throughput": "THROUGHPUT",
             "ov_int8_latency": "LATENCY"}[args.system]
     INT8 = args.system.startswith("ov_int8")
-    common.run_guarded(record, args.out, tune if args.phase == "tune" else load)
+    common.run_guarded(record, args.out, {"tune": tune, "load": load, "serve": serve}[args.phase])

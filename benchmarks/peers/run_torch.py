@@ -1,6 +1,6 @@
 """Runner: eager PyTorch, ``torch.compile`` (Inductor, default mode) and ``torch.compile(backend="openvino")``.
 
-    python run_torch.py --system {eager,inductor,ov_compile} --workload W --phase {tune,load} ...
+    python run_torch.py --system {eager,inductor,ov_compile} --workload W --phase {tune,load,serve} ...
 
 ``tune``: build the model, compile it (the compile and the first call at every measured batch size are
 the "tuning" time), check each output against eager and the task metric on the held-out samples, then
@@ -8,6 +8,8 @@ time every batch size. The eager system also writes the reference outputs (measu
 held-out samples) every other system is compared with. ``load``: a fresh process that imports,
 builds the model, loads the run's weights, compiles (with the compiler cache the tune phase filled, like
 a restart on the same machine; ``torch.compile`` keeps no other artifact) and runs one inference.
+``serve``: a fresh process builds (and compiles) the model like ``load`` and times every batch size (one
+round of the driver's interleaved serving rounds).
 """
 
 from __future__ import annotations
@@ -91,8 +93,18 @@ def load() -> None:
     record["first_output_s"] = time.perf_counter() - START
 
 
+def serve() -> None:
+    """Fresh process: build, load weights, compile, time every batch size."""
+    torch, model, inputs = _prepare()
+    with torch.no_grad():
+        runner = _compile(torch, model)
+        for b in args.batches.split(","):
+            runner(inputs[b])
+        common.serve_batches(record, args, lambda b: common.time_calls(lambda: runner(inputs[str(b)]), b, args.reps,
+                                                                       args.rep_time))
+
 
 if __name__ == "__main__":  # guard: some peers start worker processes that re-import __main__
     args = common.parse_args(__doc__.splitlines()[0])
     record = common.new_record(args)
-    common.run_guarded(record, args.out, tune if args.phase == "tune" else load)
+    common.run_guarded(record, args.out, {"tune": tune, "load": load, "serve": serve}[args.phase])

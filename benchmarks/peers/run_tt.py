@@ -1,6 +1,6 @@
 """Runner: torch_tweak ``tt.tune`` with ``HighestThroughputStrategy`` over every available backend.
 
-    python run_tt.py --system {tt,tt_task,tt_loaded} --workload W --phase {tune,load,dispatch} ...
+    python run_tt.py --system {tt,tt_task,tt_loaded} --workload W --phase {tune,load,serve,dispatch} ...
 
 ``tune`` (systems ``tt`` and ``tt_task``): wrap the model, ``tt.tune`` it over the tuning samples at the
 tuning batch sizes (timed), ``tt.save`` the result, check each output against eager (element-wise on
@@ -11,6 +11,8 @@ takes ``metric``; otherwise the row fails with that reason).
 ``load`` (system ``tt_loaded``): a fresh process builds the model with random weights, ``tt.load``s the
 checkpoint (``trust_native_code=True``: the run made it itself), runs one inference (timed from process
 start), then checks and times like ``tune``.
+``serve`` (system ``tt_loaded``): a fresh process ``tt.load``s the checkpoint and times every batch size (one
+round of the driver's interleaved serving rounds).
 ``dispatch``: the per-call cost of the ``tt.Module`` wrapper (eager backend) over calling the module.
 """
 
@@ -139,6 +141,20 @@ def load() -> None:
         _measure(torch, loaded, inputs)
 
 
+def serve() -> None:
+    """Fresh process: tt.load the checkpoint, time every batch size."""
+    torch, tt = _setup()
+    from peers import workloads
+
+    inputs = workloads.load_inputs(args.run_dir, args.workload)
+    loaded = tt.load(workloads.build(args.workload), args.artifact / "model.tt", **_trust(tt))
+    with torch.no_grad():
+        for b in args.batches.split(","):
+            loaded(inputs[b])
+        common.serve_batches(record, args, lambda b: common.time_calls(lambda: loaded(inputs[str(b)]), b, args.reps,
+                                                                       args.rep_time))
+
+
 def dispatch() -> None:
     """tt.Module with the eager backend vs the same module called directly (blocks of calls, same runtime)."""
     torch, tt = _setup()
@@ -163,4 +179,4 @@ def dispatch() -> None:
 if __name__ == "__main__":  # guard: some peers start worker processes that re-import __main__
     args = common.parse_args(__doc__.splitlines()[0])
     record = common.new_record(args)
-    common.run_guarded(record, args.out, {"tune": tune, "load": load, "dispatch": dispatch}[args.phase])
+    common.run_guarded(record, args.out, {"tune": tune, "load": load, "serve": serve, "dispatch": dispatch}[args.phase])

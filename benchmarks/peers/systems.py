@@ -62,6 +62,7 @@ class Mode:
     skip: dict[str, tuple[str, ...]] = field(default_factory=dict)  # workload -> systems not run on it
     skipped: list[str] = field(default_factory=list)  # what the notes say was left out
     fresh_compiler_cache: bool = True
+    serve_rounds: int = 3  # interleaved serving rounds per workload (peers/serve.py)
 
 
 QUICK = Mode(
@@ -81,7 +82,7 @@ QUICK = Mode(
              "one fresh-process load per system (full: 3)",
              "compiler caches persist between quick runs (benchmarks/.peer_envs/cache), so tuning and load times "
              "after the first quick run are warm-cache times; --full starts every system from empty caches"],
-    fresh_compiler_cache=False,
+    fresh_compiler_cache=False, serve_rounds=2,
 )
 FULL = Mode(
     "full",
