@@ -3,10 +3,10 @@
 Why: two of the rules' inputs are measurements of the eager graph, not of a candidate: the time an eager call spends
 in the kernels Inductor keeps (:func:`kernel_time`) and the share of its multiply-adds in ``nn.Linear`` layers
 (:func:`~.linear_calls.linear_share`). Each is taken once per ``GraphTask`` (``task.probed``), and the result cache
-keeps both, with the mixed-call timings of routes across runtimes, beside the candidates' results
-(:data:`KEPT_PROBES`): a rerun that reuses the candidates' measurements then decides as the first run did, without
-timing anything (the kernel timing is noisy near a rule's bound: the demo CNN's second run once compiled Inductor
-for 13 s that the first had skipped)."""
+keeps both, with the mixed-call timings of routes across runtimes and the head-to-head timings of close
+contenders, beside the candidates' results (:data:`KEPT_PROBES`): a rerun that reuses the candidates' measurements
+then decides as the first run did, without timing anything (the kernel timing is noisy near a rule's bound: the
+demo CNN's second run once compiled Inductor for 13 s that the first had skipped)."""
 
 from __future__ import annotations
 
@@ -42,8 +42,10 @@ KERNEL_TIME = "kernel_time"
 LINEAR_SHARE_PROBE = "linear_share"
 #: ... and that of the mixed-call timings of routes across runtimes (``mixed_routes.py``), by routings compared.
 MIXED_CALL_TIMES = "mixed_call_times"
+#: ... and that of the head-to-head timings of close contenders (``contest.py``), by contenders and batch sizes.
+CONTEST_TIMES = "contest_times"
 #: What the result cache keeps of a ``GraphTask.probed`` for a rerun.
-KEPT_PROBES = (KERNEL_TIME, LINEAR_SHARE_PROBE, MIXED_CALL_TIMES)
+KEPT_PROBES = (KERNEL_TIME, LINEAR_SHARE_PROBE, MIXED_CALL_TIMES, CONTEST_TIMES)
 _MISSING = object()
 
 

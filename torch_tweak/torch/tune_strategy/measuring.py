@@ -55,6 +55,11 @@ class HighestThroughputStrategy(MeasuringStrategy):
     def _describe_pick(self, measurement: Measurement) -> str:
         return f"{measurement.throughput:.1f} samples/s at batch {measurement.batch_size}"
 
+    _contested = True
+
+    def _contest_score(self, times: dict[int, float]) -> float:
+        return max(size * 1000.0 / max(ms, 1e-9) for size, ms in times.items())
+
 
 class LowestLatencyStrategy(MeasuringStrategy):
     """Choose the candidate with the lowest median (p50) latency at batch 1, or the graph's smallest batch.
@@ -78,6 +83,11 @@ class LowestLatencyStrategy(MeasuringStrategy):
 
     def _describe_pick(self, measurement: Measurement) -> str:
         return f"p50 {measurement.p50_ms:.3f} ms at batch {measurement.batch_size}"
+
+    _contested = True
+
+    def _contest_score(self, times: dict[int, float]) -> float:
+        return -min(times.values())
 
 
 class LatencyBudgetStrategy(MeasuringStrategy):

@@ -1,7 +1,8 @@
 """MeasuringStrategy: build, check and profile every candidate plus the eager baseline, then choose.
 
 Each candidate runs in its own block (build, fidelity check, pause, warm-up, measurement) so the
-thread pools of different runtimes never alternate calls. A candidate gets a time limit covering all
+thread pools of different runtimes never alternate calls; the best and its close rivals are then timed again in
+turns before the choice is final (:mod:`~torch_tweak.torch.tune_strategy.contest`). A candidate gets a time limit covering all
 of that; one that exceeds it is abandoned and reported as ``timeout``. Subclasses say which batch
 sizes to measure and how to score a sweep (:mod:`torch_tweak.torch.tune_strategy.measuring`).
 
@@ -49,20 +50,14 @@ from torch_tweak.torch.tune_strategy.base import (
     release_quietly,
 )
 from torch_tweak.torch.tune_strategy.batch_search import search_if_enabled
+from torch_tweak.torch.tune_strategy.contest import Contests
 from torch_tweak.torch.tune_strategy.eager_gate import EagerGate
 from torch_tweak.torch.tune_strategy.graph_probes import KEPT_PROBES
 from torch_tweak.torch.tune_strategy.isolated import IsolatedCandidates
 from torch_tweak.torch.tune_strategy.mixed_routes import MixedRoutes
 from torch_tweak.torch.tune_strategy.result_cache import ResultCache, ReusedResults
-from torch_tweak.torch.tune_strategy.results import (
-    BASELINE,
-    Evaluation,
-    Plan,
-    StrategyResult,
-    precision_retry,
-    selection_dict,
-    unbuilt,
-)
+from torch_tweak.torch.tune_strategy.results import (BASELINE, Evaluation, Plan, StrategyResult, precision_retry,
+                                                     selection_dict, unbuilt)
 from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
 from torch_tweak.torch.tune_strategy.screening import BuildCosts, ScreeningSteps, screening_plan
 from torch_tweak.torch.tune_strategy.stand_ins import StandIns, skipped_row
@@ -73,7 +68,7 @@ from torch_tweak.utils.validate import check_bool, check_int, check_positive
 logger = logging.getLogger(__name__)
 
 
-class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, MixedRoutes, StandIns, EagerGate,
+class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Contests, MixedRoutes, StandIns, EagerGate,
                         TuneStrategy):
     """Base of the strategies that measure: candidates, eager baseline, eager gate, time limit, batch search.
 
@@ -221,8 +216,10 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
             finally:
                 if ahead is not None:
                     ahead.close()
+            winner, contest = self._contest(task, evaluations, plan, executor, shared)
             while True:  # a reused result serves once built and checked again; then routes are worked out again
-                chosen, reason = self._choose(task, evaluations, self._best(evaluations))
+                best = winner if winner is not None and winner.qualified else self._best(evaluations)
+                chosen, reason = self._choose(task, evaluations, best)
                 routes = batch_routes(chosen, evaluations, 1.0 + self.eager_margin) if self._routes_batches else None
                 if not (missing := unbuilt([chosen] if routes is None else [e for _, e in routes])):
                     break
@@ -247,7 +244,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Mixed
             backend = BatchRouterBackend([(bound, e.backend) for bound, e in routes], task.graph_spec)
             task.report.chosen = backend.describe()
             reason = f"{reason}; {describe_routes(routes, chosen)}"
-        task.report.reason = reason + crossing
+        task.report.reason = reason + contest + crossing
         self.results.append(StrategyResult(task.module_name, task.report))
         logger.info("%s: chose %s (%s)", describe_task(task), task.report.chosen, reason)
         return backend

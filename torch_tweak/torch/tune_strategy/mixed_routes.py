@@ -20,8 +20,9 @@ import copy
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -43,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 MIN_CYCLES = 2  # timed cycles of mixed calls per backend, however long one takes
 MAX_PROPOSALS = 2  # routes to other runtimes measured on mixed calls, at most, per graph
+T = TypeVar("T")
 
 
 def mixed_call_times(backends: list[Backend], spec: GraphSpec, device: torch.device, plan: Plan, sizes: list[int],
@@ -143,7 +145,7 @@ class MixedRoutes:
         if stored is not None:  # timed by an earlier run on the same reused results: it decides as that one did
             before, after = stored
         elif executor is not None and shared is not None:
-            outcome = executor.submit(shared, time_routes, ([_sent(routes, chosen), _sent(proposal, chosen)], sizes,
+            outcome = executor.submit(shared, time_routes, ([sent(routes, chosen), sent(proposal, chosen)], sizes,
                                                             plan), time_limit_s=self.candidate_time_limit_s,
                                       label=f"{describe_task(task)}: routes to {', '.join(others)}").result()
             if isinstance(outcome, Failure):
@@ -186,7 +188,7 @@ Sent = list[tuple[int | None, Backend, str, CandidateReport]]
 
 def _timing_key(routes: Routes | None, proposal: Routes, chosen: Evaluation, sizes: list[int]) -> str:
     """What a mixed-call timing of ``proposal`` against ``routes`` measured: both routings and the batch sizes."""
-    routings = [[(bound, template.key(), role) for bound, template, role, _ in _sent(r, chosen)]
+    routings = [[(bound, template.key(), role) for bound, template, role, _ in sent(r, chosen)]
                 for r in (routes, proposal)]
     return json.dumps([routings, sizes])
 
@@ -204,15 +206,15 @@ def _stored_times(stored: Any, key: str, sizes: list[int]) -> tuple[dict[int, fl
     return (before, after) if set(before) == set(after) == set(sizes) else None
 
 
-def _sent(routes: Routes | None, chosen: Evaluation) -> Sent:
+def sent(routes: Routes | None, chosen: Evaluation) -> Sent:
     """What a worker needs to build ``routes`` (or ``chosen`` alone) again: bound, template, role, judged row."""
     pairs = [(None, chosen)] if routes is None else routes
     return [(bound, e.template, e.role, e.row) for bound, e in pairs]  # type: ignore[misc]
 
 
-def time_routes(context: WorkerContext, routings: list[Sent], sizes: list[int], plan: Plan) -> list[dict[int, float]]:
+def serve_in_worker(context: WorkerContext, routings: list[Sent], time: Callable[[list[Backend]], T]) -> T:
     """In the worker: build each routing's candidates again (confirmed as a rebuild is), serve each routing (a
-    router, or its one candidate) and time them on mixed calls (:func:`mixed_call_times`); all are released."""
+    router, or its one candidate) and return what ``time`` measures on those servings; all are released."""
     strategy, task = context.strategy, context.task
     pause.hold_only(context.paused)
     built: dict[str, Backend] = {}
@@ -227,10 +229,17 @@ def time_routes(context: WorkerContext, routings: list[Sent], sizes: list[int], 
             backends = [(bound, built[template.key()]) for bound, template, _, _ in routing]
             servings.append(backends[0][1] if len(backends) == 1 else
                             BatchRouterBackend(backends, task.graph_spec))  # type: ignore[arg-type]
-        return mixed_call_times(servings, task.graph_spec, task.device, plan, sizes, strategy.profiling)
+        return time(servings)
     finally:
         for backend in built.values():
             release_quietly(backend)
+
+
+def time_routes(context: WorkerContext, routings: list[Sent], sizes: list[int], plan: Plan) -> list[dict[int, float]]:
+    """In the worker: serve each routing and time them on mixed calls (:func:`mixed_call_times`)."""
+    task = context.task
+    return serve_in_worker(context, routings, lambda servings: mixed_call_times(
+        servings, task.graph_spec, task.device, plan, sizes, context.strategy.profiling))
 
 
 def _proposals(chosen: Evaluation, evaluations: list[Evaluation], routes: Routes | None, margin: float) -> list[Routes]:

@@ -1,0 +1,126 @@
+"""The head-to-head of close contenders (tune_strategy/contest.py): timed in turns before the choice is final."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_measuring_strategies import strategy, tune
+
+import torch_tweak.torch as tt
+from torch_tweak.torch.testing import FakeClock, TimedBackend
+from torch_tweak.torch.tune_strategy.contest import MIN_WIN, _factor, _stored
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+class _Machine:
+    """How much slower than its nominal speed the machine runs now; shared by deep copies."""
+
+    def __init__(self) -> None:
+        self.slowdown = 1.0
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Machine:
+        return self
+
+
+class _OnMachine(TimedBackend):
+    """A TimedBackend whose calls take ``machine.slowdown`` times their cost; with ``drift`` set, its first call
+    slows the machine down (a neighbour starts working as this candidate's sweep begins)."""
+
+    def __init__(self, clock: FakeClock, machine: _Machine, drift: float = 1.0, **fields: Any) -> None:
+        super().__init__(clock, **fields)
+        self.machine, self.drift = machine, drift
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        if self.drift != 1.0:
+            self.machine.slowdown = self.drift
+        before = self.clock()
+        out = super()._infer(*args, **kwargs)
+        self.clock.advance((self.clock() - before) * (self.machine.slowdown - 1.0))
+        return out
+
+
+def _contest_part(reason: str) -> str:
+    return reason.split("; timed in turns with ", 1)[1] if "; timed in turns with " in reason else ""
+
+
+def test_a_drift_between_two_sweeps_is_undone_by_timing_them_in_turns(clock):
+    machine = _Machine()
+    # "lucky" is swept while the machine runs at full speed (1.0 ms per call); "steady" is truly faster (0.8 ms),
+    # but its sweep starts the drift, so its sweep sees 1.28 ms. In turns both run on the slow machine.
+    lucky = _OnMachine(clock, machine, ms_per_call=1.0, label="lucky")
+    steady = _OnMachine(clock, machine, drift=1.6, ms_per_call=0.8, label="steady")
+    strat = strategy(tt.HighestThroughputStrategy, clock, [lucky, steady], eager_ms=5.0, screening=False,
+                     batch_routing=False)
+    _, _, graph = tune(strat)
+    assert graph.chosen == steady.describe()
+    contest = _contest_part(graph.reason)
+    assert contest.startswith(f"{steady.describe()} (3 rounds, p50 ms per call at batch 8: ")
+    assert f"{lucky.describe()} 1.6; {steady.describe()} 1.28" in contest
+    assert f"{steady.describe()} won, by 1.25x" in contest
+    assert graph.reason.startswith("6250.0 samples/s at batch 8")  # the winner's own sweep, as measured
+
+
+def test_a_rival_level_in_turns_does_not_replace_the_best(clock):
+    machine = _Machine()
+    best = _OnMachine(clock, machine, ms_per_call=1.0, label="best")
+    level = _OnMachine(clock, machine, ms_per_call=1.01, label="level")  # 1 % slower: swept and timed in turns
+    strat = strategy(tt.HighestThroughputStrategy, clock, [best, level], eager_ms=5.0, screening=False,
+                     batch_routing=False)
+    _, _, graph = tune(strat)
+    assert graph.chosen == best.describe()
+    assert f"{best.describe()} kept (a rival must win by {MIN_WIN:.2f}x)" in _contest_part(graph.reason)
+
+
+def test_only_rivals_close_to_the_best_are_timed_again(clock):
+    fast = TimedBackend(clock, ms_per_call=1.0, label="fast")
+    close = TimedBackend(clock, ms_per_call=1.2, label="close")
+    far = TimedBackend(clock, ms_per_call=2.0, label="far")  # the best beats it by 2x: no contest
+    strat = strategy(tt.HighestThroughputStrategy, clock, [far, close, fast], eager_ms=5.0, screening=False,
+                     batch_routing=False)
+    _, _, graph = tune(strat)
+    contest = _contest_part(graph.reason)
+    assert graph.chosen == fast.describe() and contest.startswith(f"{close.describe()} (")
+    assert far.describe() not in graph.reason
+
+
+def test_lowest_latency_contests_on_the_latency_of_its_batch_size(clock):
+    machine = _Machine()
+    lucky = _OnMachine(clock, machine, ms_per_call=1.0, label="lucky")
+    steady = _OnMachine(clock, machine, drift=1.6, ms_per_call=0.8, label="steady")
+    strat = strategy(tt.LowestLatencyStrategy, clock, [lucky, steady], eager_ms=5.0, screening=False)
+    _, _, graph = tune(strat)
+    assert graph.chosen == steady.describe()
+    assert "p50 ms per call at batch 1: " in graph.reason and f"{steady.describe()} won" in graph.reason
+
+
+def test_a_latency_budget_is_not_contested_on_medians(clock):
+    machine = _Machine()
+    lucky = _OnMachine(clock, machine, ms_per_call=1.0, label="lucky")
+    steady = _OnMachine(clock, machine, drift=1.6, ms_per_call=0.8, label="steady")
+    strat = strategy(tt.LatencyBudgetStrategy, clock, [lucky, steady], eager_ms=5.0, screening=False,
+                     latency_budget_ms=100)
+    _, _, graph = tune(strat)
+    assert graph.chosen == lucky.describe() and "timed in turns" not in graph.reason
+
+
+def test_scores_of_either_sign_compare_as_factors():
+    assert _factor(125.0, 100.0) == pytest.approx(1.25)  # throughput
+    assert _factor(-0.8, -1.0) == pytest.approx(1.25)  # minus a latency: 0.8 ms beats 1.0 ms by 1.25x
+    assert _factor(-1.0, -0.8) == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("stored", [
+    None, [], {"k": "not a list"}, {"k": [{"8": 1.0}]}, {"k": [{"8": 1.0}, {"8": "x"}]}, {"k": [{"8": 1.0}, {"4": 1.0}]},
+    {"k": [{"8": 1.0}, [1.0]]},
+])
+def test_malformed_stored_times_are_ignored(stored):
+    assert _stored(stored, "k", 2, [8]) is None
+
+
+def test_stored_times_are_read_back_with_integer_sizes():
+    assert _stored({"k": [{"8": 1.5}, {"8": 2}]}, "k", 2, [8]) == [{8: 1.5}, {8: 2.0}]

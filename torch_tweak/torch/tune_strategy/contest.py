@@ -1,0 +1,174 @@
+"""A head-to-head of the best candidate and its close runners-up, timed in turns, before the choice is final.
+
+Why: each candidate is measured in a block of its own, and on a long tuning run those blocks lie minutes apart.
+On a shared machine the speed drifts in that time (a 2-core VM served the same ONNX Runtime session of a
+ResNet-50 at 37 and at 25 samples/s an hour apart), and at a large batch of a slow graph a block holds one or
+two calls, so the sweeps can order two candidates that are level, or even the wrong way round. So before the
+choice is final, the best candidate and up to :data:`MAX_RIVALS` others whose score came within
+:data:`CONTEST_WITHIN` of it are served again and timed in turns: :data:`ROUNDS` blocks each, the order rotating
+from round to round, at the batch sizes their sweeps were judged at. A drift then falls on all of them alike.
+A rival replaces the best only when it beats it in turns by :data:`MIN_WIN` on the strategy's metric. The
+graph's reason in the report gives the times either way; the result cache keeps them, so a rerun that reuses
+the measurements decides alike without timing anything.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from typing import Any
+
+import torch
+
+from torch_tweak.torch.backend.backend import Backend
+from torch_tweak.torch.executor.base import Executor, Failure, Shared
+from torch_tweak.torch.module.spec import GraphSpec, resize_batch
+from torch_tweak.torch.profiling import ProfilingConfig, device_sync, percentile
+from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
+from torch_tweak.torch.tune_strategy.graph_probes import CONTEST_TIMES
+from torch_tweak.torch.tune_strategy.isolated import WorkerContext
+from torch_tweak.torch.tune_strategy.mixed_routes import Sent, sent, serve_in_worker
+from torch_tweak.torch.tune_strategy.results import BASELINE, Evaluation, Plan
+from torch_tweak.utils.pause import paused
+
+logger = logging.getLogger(__name__)
+
+CONTEST_WITHIN = 1.5  # rivals whose score the best beat by less than this factor are timed in turns with it
+MAX_RIVALS = 2  # at most this many rivals (the closest), so a contest costs a few blocks per candidate
+ROUNDS = 3  # timed blocks per contender
+MIN_WIN = 1.03  # a rival must beat the best in turns by this factor to replace it (no flapping between equals)
+_WARM_CYCLE_MAX_S = 0.05  # a block starts with an untimed cycle when one takes less (switching costs show there)
+
+
+def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device, plan: Plan, sizes: list[int],
+                  profiling: ProfilingConfig) -> list[dict[int, float]]:
+    """For each of ``backends``: the median milliseconds of one call at each of ``sizes``, timed in :data:`ROUNDS`
+    rounds of blocks, one block per backend and round, the order rotating from round to round.
+
+    A block runs cycles of one call at each size for ``profiling.max_time_s`` (at least one cycle); when a cycle
+    is short, the block's first one is untimed, so the previous backend's thread pools winding down and cold
+    caches fall on no timed call.
+    """
+    sample = copy.deepcopy(plan.sample)
+    calls = [(size, *(resize_batch(sample, spec, size) if plan.batched else sample)) for size in sizes]
+    clock, sync = profiling.clock, device_sync(device)
+    times: list[dict[int, list[float]]] = [{size: [] for size in sizes} for _ in backends]
+
+    def cycle(backend: Backend, record: dict[int, list[float]] | None) -> float:
+        begin = clock()
+        for size, args, kwargs in calls:
+            start = clock()
+            backend.infer(*args, **kwargs)
+            if sync is not None:
+                sync()
+            if record is not None:
+                record[size].append((clock() - start) * 1000.0)
+        return clock() - begin
+
+    with torch.no_grad(), paused():
+        short = [cycle(backend, None) < _WARM_CYCLE_MAX_S for backend in backends]  # also the warm-up
+        for r in range(ROUNDS):
+            for i in [(r + j) % len(backends) for j in range(len(backends))]:
+                if short[i]:
+                    cycle(backends[i], None)
+                begin = clock()
+                while True:
+                    cycle(backends[i], times[i])
+                    if clock() - begin >= profiling.max_time_s:
+                        break
+    return [{size: percentile(values, 50) for size, values in record.items()} for record in times]
+
+
+def time_contest(context: WorkerContext, contenders: list[Sent], sizes: list[int], plan: Plan) -> list[dict[int, float]]:
+    """In the worker: build the contenders again and time them in turns (:func:`contest_times`)."""
+    task = context.task
+    return serve_in_worker(context, contenders, lambda servings: contest_times(
+        servings, task.graph_spec, task.device, plan, sizes, context.strategy.profiling))
+
+
+class Contests:
+    """Mixed into ``MeasuringStrategy``: the head-to-head of close contenders before a graph's choice."""
+
+    candidate_time_limit_s: float | None
+    profiling: ProfilingConfig
+    #: Whether the strategy holds contests (not when its metric needs more than a median per size, a p99 say).
+    _contested = False
+    # From MeasuringStrategy and its mixins: ``_best``, ``_speedup``, ``_rebuild``.
+
+    def _contest_score(self, times: dict[int, float]) -> float:
+        """The strategy's score (higher is better) of per-size milliseconds per call measured in turns."""
+        raise NotImplementedError
+
+    def _contest(self: Any, task: GraphTask, evaluations: list[Evaluation], plan: Plan,
+                 executor: Executor | None, shared: Shared | None) -> tuple[Evaluation | None, str]:
+        """The best candidate after a head-to-head with its close rivals (or the sweeps' best when there are none),
+        and what the graph's reason adds."""
+        best = self._best(evaluations)
+        if best is None or not self._contested:
+            return best, ""
+        rivals = sorted((e for e in evaluations if e is not best and e.role != BASELINE and e.qualified
+                         and e.template is not None and self._speedup(best.pick, e.pick) < CONTEST_WITHIN),
+                        key=lambda e: self._speedup(best.pick, e.pick))[:MAX_RIVALS]
+        if not rivals or best.template is None:
+            return best, ""
+        contenders = [best, *rivals]
+        sizes = sorted({e.pick.batch_size for e in contenders})  # type: ignore[union-attr]
+        names = ", ".join(e.row.backend for e in rivals)
+        key = json.dumps([[(e.template.key(), e.role) for e in contenders], sizes])  # type: ignore[union-attr]
+        stored = _stored(task.probed.get(CONTEST_TIMES), key, len(contenders), sizes)
+        if stored is not None:  # timed by an earlier run on the same reused results: it decides as that one did
+            times = stored
+        elif executor is not None and shared is not None:
+            outcome = executor.submit(shared, time_contest, ([sent(None, e) for e in contenders], sizes, plan),
+                                      time_limit_s=self.candidate_time_limit_s,
+                                      label=f"{describe_task(task)}: head-to-head with {names}").result()
+            if isinstance(outcome, Failure):
+                return best, f"; a head-to-head with {names} was not run (timing it failed: {outcome.message})"
+            times = outcome.value
+        else:
+            for evaluation in contenders:
+                if evaluation.backend is None and not self._rebuild(task, evaluation):
+                    return self._best(evaluations), (f"; a head-to-head with {names} was not run (building "
+                                                     f"{evaluation.row.backend} again failed)")
+                evaluation.backend.ensure_active()  # type: ignore[union-attr]  # released once it fell behind
+            times = contest_times([e.backend for e in contenders], task.graph_spec, task.device, plan, sizes,
+                                  self.profiling)
+        if not isinstance(task.probed.get(CONTEST_TIMES), dict):
+            task.probed[CONTEST_TIMES] = {}
+        task.probed[CONTEST_TIMES][key] = times
+        scores = [self._contest_score(t) for t in times]
+        top = max(range(1, len(contenders)), key=lambda i: scores[i])
+        won = _beats(scores[top], scores[0])
+        winner = contenders[top] if won else best
+        per_call = "; ".join(f"{e.row.backend} {'/'.join(f'{t[s]:.3g}' for s in sizes)}"
+                             for e, t in zip(contenders, times, strict=True))
+        note = (f"; timed in turns with {names} ({ROUNDS} rounds, p50 ms per call at batch "
+                f"{'/'.join(map(str, sizes))}: {per_call}): "
+                + (f"{winner.row.backend} won, by {_factor(scores[top], scores[0]):.2f}x" if won else
+                   f"{best.row.backend} kept (a rival must win by {MIN_WIN:.2f}x)"))
+        logger.info("%s: head-to-head%s", describe_task(task), note[1:])
+        return winner, note
+
+
+def _beats(rival: float, best: float) -> bool:
+    return _factor(rival, best) >= MIN_WIN
+
+
+def _factor(rival: float, best: float) -> float:
+    """How many times better score ``rival`` is than ``best`` (scores are higher-is-better, of either sign)."""
+    if best > 0:
+        return rival / best
+    return best / rival if rival < 0 else float("inf")
+
+
+def _stored(stored: Any, key: str, count: int, sizes: list[int]) -> list[dict[int, float]] | None:
+    """The per-size times of ``count`` contenders an earlier run kept under ``key`` (None: none, or malformed)."""
+    times = stored.get(key) if isinstance(stored, dict) else None
+    if not isinstance(times, list) or len(times) != count or not all(isinstance(t, dict) for t in times):
+        return None
+    try:
+        parsed = [{int(size): float(ms) for size, ms in t.items()} for t in times]
+    except (TypeError, ValueError):
+        return None
+    return parsed if all(set(t) == set(sizes) for t in parsed) else None
