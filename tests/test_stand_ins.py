@@ -403,6 +403,25 @@ def test_openvino_int8_is_skipped_where_it_is_built_when_its_int8_layer_is_not_f
         int8[0], _RecordedTask(wide(), {8: torch.randn(8, 512)})) is None
 
 
+@pytest.mark.parametrize(("saturates", "slowdown", "skipped"), [
+    (True, 1.08, True),  # no VNNI or AMX: int8 that is not faster cannot win
+    (False, 1.08, False),  # VNNI or AMX: within a re-measurement's noise of float, so built and measured
+    (False, 1.3, True),
+])
+def test_the_calibrated_int8_bound_allows_for_noise_on_cpus_with_int8_dot_products(monkeypatch, saturates, slowdown,
+                                                                                  skipped) -> None:
+    from torch_tweak.torch.tune_strategy import stand_ins
+
+    monkeypatch.setattr(stand_ins, "int8_dot_saturates", lambda: saturates)
+    monkeypatch.setattr(stand_ins, "_probed", lambda template, task: (slowdown, "8x512 -> 512"))
+    wide = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)).eval()
+    reason = tt.HighestThroughputStrategy()._probe_reason(OpenVINOBackend(OpenVINOBackendConfig(quantization="int8")),
+                                                          _RecordedTask(wide, {8: torch.randn(8, 512)}))
+    assert (reason is not None) == skipped
+    if skipped:
+        assert f"took {slowdown:.2f}x as long as the float one" in reason
+
+
 @NEEDS_OV_NNCF
 def test_openvino_int8_is_built_when_its_int8_layer_is_faster(monkeypatch) -> None:
     probed: list[str] = []

@@ -72,11 +72,14 @@ def summarize(results: dict[str, Any], mode: Mode) -> list[dict[str, Any]]:
                                   if r.get("ok") else None for r in records]
             rounds = min(len(v) for v in per_round.values())
             peers = [k for k in keys if BY_KEY[k].peer]
-            ratios: dict[str, list[float]] = {"best": [], "in_bound": []}
+            in_bound = [k for k in peers if _within(entries, k)]
+            pools = {"best": peers, "in_bound": in_bound,
+                     "in_bound_one_call": [k for k in in_bound if not BY_KEY[k].concurrent]}
+            ratios: dict[str, list[float]] = {pool: [] for pool in pools}
             best_in_bound: list[str] = []
             for r in range(rounds):
                 mine = per_round.get(MINE, [None] * rounds)[r]
-                for pool, names in (("best", peers), ("in_bound", [k for k in peers if _within(entries, k)])):
+                for pool, names in pools.items():
                     values = [(per_round[k][r], k) for k in names if per_round[k][r]]
                     if mine and values:
                         value, name = max(values)
@@ -87,6 +90,7 @@ def summarize(results: dict[str, Any], mode: Mode) -> list[dict[str, Any]]:
                         "systems": {k: {"throughput": _spread([v for v in per_round[k] if v]), "per_round": per_round[k],
                                         "within_bound": _within(entries, k)} for k in keys},
                         "x_best_peer": _spread(ratios["best"]), "x_best_in_bound": _spread(ratios["in_bound"]),
+                        "x_best_in_bound_one_call": _spread(ratios["in_bound_one_call"]),
                         "best_in_bound_per_round": best_in_bound})
     return out
 
@@ -113,7 +117,7 @@ def markdown(summary: list[dict[str, Any]]) -> list[str]:
     keys = [k for k in SERVED if any(k in e["systems"] for e in summary)]
     rounds = max(e["rounds"] for e in summary)
     head = ["workload, batch", *(BY_KEY[k].short for k in keys), "torch_tweak x best peer",
-            "torch_tweak x best peer in task bound"]
+            "torch_tweak x best peer in task bound", "x best one-call-at-a-time peer in task bound"]
     lines = ["", f"**Interleaved serving rounds** ({rounds} rounds; in each, every system's saved artifact is loaded in "
              "a fresh process and timed at each batch size, in turns, the order rotating from round to round). "
              "Samples/s, median (min–max) over the rounds; ✗: outside the task bound. The ratios are taken within "
@@ -126,8 +130,13 @@ def markdown(summary: list[dict[str, Any]]) -> list[str]:
             system = e["systems"].get(key)
             mark = "" if system is None or system["within_bound"] else " ✗"
             cells.append(_cell(system["throughput"]) + mark if system else "–")
-        cells += [_cell(e["x_best_peer"], True), _cell(e["x_best_in_bound"], True)]
+        cells += [_cell(e["x_best_peer"], True), _cell(e["x_best_in_bound"], True),
+                  _cell(e.get("x_best_in_bound_one_call"), True)]
         lines.append("| " + " | ".join(cells) + " |")
     bounds = sorted({TASKS[WORKLOADS[e["workload"]].task].describe() for e in summary})
-    lines += ["", f"Task bounds: {'; '.join(bounds)}."]
+    concurrent = ", ".join(BY_KEY[k].short for k in keys if BY_KEY[k].concurrent)
+    lines += ["", f"Task bounds: {'; '.join(bounds)}."
+              + (f" {concurrent} keep several requests in flight (an async queue, so several batches run at once); a "
+                 "call of a torch_tweak module, like a PyTorch module's, returns before the next one starts, as do "
+                 "the one-call-at-a-time peers of the last column." if concurrent else "")]
     return lines

@@ -18,6 +18,7 @@ class System:
     dispatch: bool = False  # has a wrapper-overhead measurement
     peer: bool = True  # counts as a peer for the "x best peer" ratio
     default: bool = True  # runs unless left out (False: only when asked for, see peers.py --tt-task-metric)
+    concurrent: bool = False  # keeps several requests in flight (an async queue), which one caller's call cannot
 
 
 SYSTEMS: list[System] = [
@@ -25,10 +26,10 @@ SYSTEMS: list[System] = [
     System("inductor", "torch.compile (Inductor, default mode)", "run_torch.py", "torch.compile"),
     System("ov_compile", 'torch.compile(backend="openvino")', "run_torch.py", "torch.compile(openvino)"),
     System("ov_throughput", "OpenVINO by hand: THROUGHPUT hint, AsyncInferQueue", "run_openvino.py",
-           "OpenVINO THROUGHPUT"),
+           "OpenVINO THROUGHPUT", concurrent=True),
     System("ov_latency", "OpenVINO by hand: LATENCY hint, 1 request", "run_openvino.py", "OpenVINO LATENCY"),
     System("ov_int8_throughput", "OpenVINO INT8 by hand: nncf.quantize on the tuning samples, THROUGHPUT hint, "
-           "AsyncInferQueue", "run_openvino.py", "OpenVINO INT8 THROUGHPUT"),
+           "AsyncInferQueue", "run_openvino.py", "OpenVINO INT8 THROUGHPUT", concurrent=True),
     System("ov_int8_latency", "OpenVINO INT8 by hand: nncf.quantize on the tuning samples, LATENCY hint, 1 request",
            "run_openvino.py", "OpenVINO INT8 LATENCY"),
     System("onnxruntime", "ONNX Runtime by hand: torch.onnx.export, CPU provider, default optimizations",

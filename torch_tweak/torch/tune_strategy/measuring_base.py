@@ -1,14 +1,12 @@
 """MeasuringStrategy: build, check and profile every candidate plus the eager baseline, then choose.
 
-Each candidate runs in its own block (build, fidelity check, pause, warm-up, measurement) so the
-thread pools of different runtimes never alternate calls; the best and its close rivals are then timed again in
-turns before the choice is final (:mod:`~torch_tweak.torch.tune_strategy.contest`). A candidate gets a time limit covering all
-of that; one that exceeds it is abandoned and reported as ``timeout``. Subclasses say which batch
-sizes to measure and how to score a sweep (:mod:`torch_tweak.torch.tune_strategy.measuring`).
-
-Limits of abandoning: Python cannot kill a thread. A measurement stops at its next call, but a call or
-a build that never returns keeps its thread (and, for a build, the redirection of stdout/stderr into
-its ``build.log``) until it does.
+Each candidate runs in its own block (build, fidelity check, pause, warm-up, measurement) so the thread pools of
+different runtimes never alternate calls; the best and its close rivals are then timed again in turns before the
+choice is final (:mod:`~torch_tweak.torch.tune_strategy.contest`). A candidate gets a time limit covering all of
+that; one that exceeds it is abandoned and reported as ``timeout``. Subclasses say which batch sizes to measure
+and how to score a sweep (:mod:`torch_tweak.torch.tune_strategy.measuring`). Limits of abandoning: Python cannot
+kill a thread. A measurement stops at its next call, but a call or a build that never returns keeps its thread
+(and, for a build, the redirection of stdout/stderr into its ``build.log``) until it does.
 """
 
 from __future__ import annotations
@@ -56,8 +54,15 @@ from torch_tweak.torch.tune_strategy.graph_probes import KEPT_PROBES
 from torch_tweak.torch.tune_strategy.isolated import IsolatedCandidates
 from torch_tweak.torch.tune_strategy.mixed_routes import MixedRoutes
 from torch_tweak.torch.tune_strategy.result_cache import ResultCache, ReusedResults
-from torch_tweak.torch.tune_strategy.results import (BASELINE, Evaluation, Plan, StrategyResult, precision_retry,
-                                                     selection_dict, unbuilt)
+from torch_tweak.torch.tune_strategy.results import (
+    BASELINE,
+    Evaluation,
+    Plan,
+    StrategyResult,
+    precision_retry,
+    selection_dict,
+    unbuilt,
+)
 from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
 from torch_tweak.torch.tune_strategy.screening import BuildCosts, ScreeningSteps, screening_plan
 from torch_tweak.torch.tune_strategy.stand_ins import StandIns, skipped_row
