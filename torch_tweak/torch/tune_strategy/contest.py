@@ -14,7 +14,6 @@ the measurements decides alike without timing anything.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from typing import Any
@@ -23,12 +22,12 @@ import torch
 
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.executor.base import Executor, Failure, Shared
-from torch_tweak.torch.module.spec import GraphSpec, resize_batch
-from torch_tweak.torch.profiling import ProfilingConfig, device_sync, percentile
+from torch_tweak.torch.module.spec import GraphSpec
+from torch_tweak.torch.profiling import ProfilingConfig, percentile
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
 from torch_tweak.torch.tune_strategy.graph_probes import CONTEST_TIMES
 from torch_tweak.torch.tune_strategy.isolated import WorkerContext
-from torch_tweak.torch.tune_strategy.mixed_routes import Sent, sent, serve_in_worker
+from torch_tweak.torch.tune_strategy.mixed_routes import CallCycle, Sent, sent, serve_in_worker
 from torch_tweak.torch.tune_strategy.results import BASELINE, Evaluation, Plan
 from torch_tweak.utils.pause import paused
 
@@ -50,22 +49,8 @@ def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device
     is short, the block's first one is untimed, so the previous backend's thread pools winding down and cold
     caches fall on no timed call.
     """
-    sample = copy.deepcopy(plan.sample)
-    calls = [(size, *(resize_batch(sample, spec, size) if plan.batched else sample)) for size in sizes]
-    clock, sync = profiling.clock, device_sync(device)
+    cycle, clock = CallCycle(spec, device, plan, sizes, profiling), profiling.clock
     times: list[dict[int, list[float]]] = [{size: [] for size in sizes} for _ in backends]
-
-    def cycle(backend: Backend, record: dict[int, list[float]] | None) -> float:
-        begin = clock()
-        for size, args, kwargs in calls:
-            start = clock()
-            backend.infer(*args, **kwargs)
-            if sync is not None:
-                sync()
-            if record is not None:
-                record[size].append((clock() - start) * 1000.0)
-        return clock() - begin
-
     with torch.no_grad(), paused():
         short = [cycle(backend, None) < _WARM_CYCLE_MAX_S for backend in backends]  # also the warm-up
         for r in range(ROUNDS):

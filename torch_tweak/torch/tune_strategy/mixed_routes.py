@@ -47,6 +47,28 @@ MAX_PROPOSALS = 2  # routes to other runtimes measured on mixed calls, at most, 
 T = TypeVar("T")
 
 
+class CallCycle:
+    """One call at each of ``sizes`` (the plan's sample resized), in turn, each timed on its own."""
+
+    def __init__(self, spec: GraphSpec, device: torch.device, plan: Plan, sizes: list[int],
+                 profiling: ProfilingConfig) -> None:
+        sample = copy.deepcopy(plan.sample)
+        self.calls = [(size, *(resize_batch(sample, spec, size) if plan.batched else sample)) for size in sizes]
+        self.clock, self.sync = profiling.clock, device_sync(device)
+
+    def __call__(self, backend: Backend, record: dict[int, list[float]] | None) -> float:
+        """Run the cycle on ``backend``, adding each call's milliseconds to ``record`` (if any); its seconds."""
+        clock, begin = self.clock, self.clock()
+        for size, args, kwargs in self.calls:
+            start = clock()
+            backend.infer(*args, **kwargs)
+            if self.sync is not None:
+                self.sync()
+            if record is not None:
+                record[size].append((clock() - start) * 1000.0)
+        return clock() - begin
+
+
 def mixed_call_times(backends: list[Backend], spec: GraphSpec, device: torch.device, plan: Plan, sizes: list[int],
                      profiling: ProfilingConfig) -> list[dict[int, float]]:
     """For each of ``backends``: the median milliseconds of one call at each of ``sizes`` while it serves them in
@@ -56,20 +78,8 @@ def mixed_call_times(backends: list[Backend], spec: GraphSpec, device: torch.dev
     ``profiling.max_time_s`` has passed (at least :data:`MIN_CYCLES` rounds, at most ``profiling.max_calls``), so
     a drift of the machine's speed falls on all of them alike.
     """
-    sample = copy.deepcopy(plan.sample)
-    calls = [(size, *resize_batch(sample, spec, size)) for size in sizes]
-    clock, sync = profiling.clock, device_sync(device)
+    cycle, clock = CallCycle(spec, device, plan, sizes, profiling), profiling.clock
     times: list[dict[int, list[float]]] = [{size: [] for size in sizes} for _ in backends]
-
-    def cycle(backend: Backend, record: dict[int, list[float]] | None) -> None:
-        for size, args, kwargs in calls:
-            start = clock()
-            backend.infer(*args, **kwargs)
-            if sync is not None:
-                sync()
-            if record is not None:
-                record[size].append((clock() - start) * 1000.0)
-
     with torch.no_grad(), paused():
         for backend in backends:
             cycle(backend, None)
