@@ -30,6 +30,7 @@ from torch_tweak.torch.checkpoint import verify
 from torch_tweak.torch.checkpoint.codec import components
 from torch_tweak.torch.fidelity import FidelityConfig
 from torch_tweak.torch.module.recording import record
+from torch_tweak.torch.module.serving import note_state_change
 from torch_tweak.torch.module.state import internals
 from torch_tweak.torch.testing import FakeClock, NaNToZeroBackend, TimedBackend
 from torch_tweak.torch.tune_strategy import TuneStrategy
@@ -86,8 +87,14 @@ def test_openvino_relu_mlp_is_kept_behind_the_guard_and_serves_non_finite_rows_l
     assert {p["status"] for p in row.fidelity["non_finite"]} == {"guarded"}
     assert not internals(wrapped).offloaded  # the guard runs the module's own weights, so they stay
     served = []
-    inner_infer = guard.inner._infer
-    monkeypatch.setattr(guard.inner, "_infer", lambda *a, **k: served.append(a[0].shape[0]) or inner_infer(*a, **k))
+    inner_serving = guard.inner._serving
+
+    def counting_serving():
+        serve = inner_serving()
+        return lambda *a, **k: served.append(a[0].shape[0]) or serve(*a, **k)
+
+    monkeypatch.setattr(guard.inner, "_serving", counting_serving)
+    note_state_change()  # the module makes its serving functions again, now through the counter
     x = torch.randn(4, 16)
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="torch_tweak.torch.backend.non_finite_guard"):
         assert_like_eager(wrapped(x), reference(x))

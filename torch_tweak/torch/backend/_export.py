@@ -46,6 +46,11 @@ class CallLeaves:
         self._positional = flatten_sample((torch.empty(0),) * self._n, {})[1] == self._structure
         self._graph, self._model = graph_spec.name, model
 
+    @property
+    def single_positional(self) -> bool:
+        """True when the graph's only input is the call's one positional tensor argument."""
+        return self._positional and self._n == 1
+
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sequence[Any]:
         if self._positional and not kwargs and len(args) == self._n:
             return args

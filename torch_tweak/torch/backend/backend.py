@@ -31,6 +31,7 @@ from torch import nn
 from torch_tweak.errors import BackendStateError, UnsupportedDeviceError
 from torch_tweak.torch._device import normalize_device_string
 from torch_tweak.torch.backend.backend_config import BackendConfig
+from torch_tweak.torch.module.serving import note_state_change
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample
 from torch_tweak.utils.permissions import secure_mkdir
@@ -94,6 +95,16 @@ class Backend(ABC):
         self.state = BackendState.INIT
         self._device: torch.device | None = None
         self._logger = logging.getLogger(self.__class__.__module__)
+
+    @property
+    def state(self) -> BackendState:
+        """The backend's place in the state machine."""
+        return self._state
+
+    @state.setter
+    def state(self, value: BackendState) -> None:
+        self._state = value
+        note_state_change()  # tuned modules make their serving functions again (module/serving.py)
 
     # properties -------------------------------------------------------------------------------
 
@@ -266,6 +277,16 @@ class Backend(ABC):
             raise BackendStateError(f"Cannot run inference, backend {self.name} should be activated first")
 
         return self._infer(*args, **kwargs)
+
+    def serving(self) -> Callable[..., Any]:
+        """A function that answers calls as :meth:`infer` does for as long as this backend keeps its state, with the
+        checks ``infer`` repeats on every call done once now (``module/serving.py`` says why). Outside ACTIVE and
+        DEPLOYED it is :meth:`infer` itself, which raises :class:`BackendStateError`."""
+        return self._serving() if self.is_active else self.infer
+
+    def _serving(self) -> Callable[..., Any]:
+        """The serving function of an active backend: ``_infer`` unless a backend has a shorter path."""
+        return self._infer
 
     # description and serialization ------------------------------------------------------------
 

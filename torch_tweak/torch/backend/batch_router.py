@@ -143,6 +143,23 @@ class BatchRouterBackend(Backend):
             return self._backends[-1].infer(*args, **kwargs)
         return self.backend_for(batch).infer(*args, **kwargs)
 
+    def _serving(self) -> Callable[..., Any]:
+        """``_infer`` with each route's own serving function in place of its ``infer``."""
+        read, last = self._batch_of, self._backends[-1].serving()
+        routes = [(bound, backend.serving()) for bound, backend in zip(self._bounds, self._backends, strict=False)]
+
+        def serve(*args: Any, **kwargs: Any) -> Any:
+            try:
+                batch = read(args, kwargs)
+            except (AttributeError, IndexError, KeyError, TypeError):
+                return last(*args, **kwargs)
+            for bound, route in routes:
+                if batch <= bound:
+                    return route(*args, **kwargs)
+            return last(*args, **kwargs)
+
+        return serve
+
     def to_dict(self) -> dict[str, Any]:
         """Type, graph spec, device and, per route, its bound and its backend's type, class and state."""
         return {

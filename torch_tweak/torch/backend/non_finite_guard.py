@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ _NUMPY = (torch.float32, torch.float64, torch.float16)  # dtypes numpy can view 
 _DOT = (torch.float32, torch.float64)  # checked by their dot product with themselves (BLAS)
 _WIDEN = (torch.float16, torch.bfloat16)  # summed in float32 so that a large finite input does not overflow
 _NUMPY_SUM = {torch.float16: np.float32}  # the same for numpy's sums
+_vdot = np.vdot  # flattens by itself: 1.1-1.4 µs against 1.3-1.9 µs for reshape(-1) and dot (1x16, 32x256 floats)
 
 
 def all_finite(tensors: Sequence[Any]) -> bool:
@@ -73,8 +74,7 @@ def all_finite(tensors: Sequence[Any]) -> bool:
                 if not np.isfinite(array).all():
                     return False
             elif t.dtype in _DOT:
-                flat = array.reshape(-1)
-                if not math.isfinite(flat.dot(flat)):
+                if not math.isfinite(_vdot(array, array)):
                     return False
             elif not math.isfinite(np.add.reduce(array, axis=None, dtype=_NUMPY_SUM.get(t.dtype))):
                 return False
@@ -178,6 +178,19 @@ class NonFiniteGuardBackend(Backend):
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
         if all_finite(call_tensors(args, kwargs)):
             return self._inner.infer(*args, **kwargs)
+        return self._divert(args, kwargs)
+
+    def _serving(self) -> Callable[..., Any]:
+        inner, divert = self._inner.serving(), self._divert
+
+        def serve(*args: Any, **kwargs: Any) -> Any:
+            if all_finite(call_tensors(args, kwargs)):
+                return inner(*args, **kwargs)
+            return divert(args, kwargs)
+
+        return serve
+
+    def _divert(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.diverted_calls == 0 and not self._quiet:
             logger.warning(
                 "Graph %s: a call has NaN or inf in its floating-point inputs, so it runs the module's original code "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,28 @@ class _Session:
         for i, dtype in self._casts:
             outputs[i] = outputs[i].to(dtype)
         return outputs[0] if self._single else unflatten(self._out_structure, outputs)
+
+    def serving(self) -> Callable[..., Any]:
+        """``self(args, kwargs)`` as a function of the call. A graph of one positional tensor and one output that
+        needs no cast (the common small model) goes straight to the binding; any other call takes the general path."""
+        general = self.__call__
+        if not (self._leaves.single_positional and len(self._feeds) == 1 and self._single and not self._casts):
+            return lambda *args, **kwargs: general(args, kwargs)
+        name, run, names, from_numpy = self._feeds[0][0], self._run, self._output_names, torch.from_numpy
+
+        def serve(*args: Any, **kwargs: Any) -> Any:
+            if kwargs or len(args) != 1:
+                return general(args, kwargs)
+            try:
+                feed = {name: args[0].numpy()}
+            except (RuntimeError, TypeError, AttributeError):
+                return general(args, kwargs)
+            try:
+                return from_numpy(run(names, feed, None)[0])
+            except Exception as exc:  # as in __call__
+                raise self._input_error(args, exc) from exc
+
+        return serve
 
     def _slow_feed(self, leaves: Any) -> dict[str, Any]:
         feed = {}
@@ -278,6 +301,9 @@ class ONNXRuntimeBackend(Backend):
 
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
         return self._session(args, kwargs)  # type: ignore[misc]
+
+    def _serving(self) -> Callable[..., Any]:
+        return self._session.serving()  # type: ignore[union-attr]
 
     def to_dict(self) -> dict[str, Any]:
         """Type, config, graph spec, device and the ONNX model to store (a :class:`pathlib.Path`)."""

@@ -101,7 +101,8 @@ class ReferenceMembers:
                               "(tt.config.device_after_tuning). Reload the model to record it again.")
         for backend in state.backends():
             backend.release()
-        state.graphs, state.routes, state.recorder, state.session_id = [], {}, None, None
+        state.clear_tuning()
+        state.recorder, state.session_id = None, None
         state.status = ModuleState.INIT
 
     def to_dict(self) -> dict[str, Any]:

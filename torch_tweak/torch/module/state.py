@@ -25,6 +25,7 @@ from torch_tweak.errors import TuningError
 from torch_tweak.torch.module import released
 from torch_tweak.torch.module.forward import is_intercepted
 from torch_tweak.torch.module.recording import GraphRecorder, Recorder, StoreFactory
+from torch_tweak.torch.module.serving import changes, serving_function
 from torch_tweak.torch.module.spec import GraphSpec
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,8 @@ class ModuleInternals:
         self.session_id: int | None = None
         self.graphs: list[TunedGraph] = []
         self.routes: dict[tuple[Any, ...], Any] = {}  # key → backend, derived from ``graphs`` for dispatch
+        self.serving: dict[tuple[Any, ...], Callable[..., Any]] = {}  # key → serving function (see refresh_serving)
+        self.serving_count = -1  # the backend state changes counted when ``serving`` was made
         self.offloaded = False
         self.phases = False
         self.strict_key = True
@@ -99,6 +102,7 @@ class ModuleInternals:
         """Enter TUNED with ``graphs`` (dispatch in their order); ``checkpoint`` keeps loaded artifacts alive."""
         self.graphs = list(graphs)
         self.routes = {g.key: g.backend for g in graphs}
+        self.serving, self.serving_count = {}, -1
         self.phases = any(g.spec.phase is not None for g in graphs)
         self.strict_key = graphs[0].spec.strict if graphs else True
         self.recorder = None
@@ -109,8 +113,19 @@ class ModuleInternals:
         """Run the original module from now on (the chosen backends are dropped, not deactivated; what was
         recorded stays readable through ``graph_specs``)."""
         logger.info("Module %s runs its original code: %s", self.name, reason)
-        self.graphs, self.routes = [], {}
+        self.clear_tuning()
         self.status = ModuleState.PASSTHROUGH
+
+    def clear_tuning(self) -> None:
+        """Forget the tuned graphs and their backends (the status is the caller's to set)."""
+        self.graphs, self.routes, self.serving, self.serving_count = [], {}, {}, -1
+
+    def refresh_serving(self) -> None:
+        """Make each tuned graph's serving function again (see :mod:`.serving`) when a backend changed state since."""
+        count = changes.count  # read first: a change made while the functions are made is seen at the next call
+        if count != self.serving_count:
+            self.serving = {key: serving_function(backend) for key, backend in self.routes.items()}
+            self.serving_count = count
 
     def backends(self) -> list[Any]:
         """The chosen backend of each tuned graph."""

@@ -26,6 +26,7 @@ from torch_tweak.torch.integrations import activate_integrations
 from torch_tweak.torch.module import forward as _forward
 from torch_tweak.torch.module.compat import ReferenceMembers
 from torch_tweak.torch.module.recording import graph_key
+from torch_tweak.torch.module.serving import changes
 from torch_tweak.torch.module.session import current_session
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.state import ModuleInternals, ModuleState, internals
@@ -189,13 +190,16 @@ class Module(ReferenceMembers):
         tls.busy = True
         try:
             if state.status is ModuleState.TUNED:
-                backend = state.routes.get(graph_key(args, kwargs, state.strict_key, state.phases))
-                if backend is None:
+                if state.serving_count != changes.count:
+                    state.refresh_serving()
+                key = graph_key(args, kwargs, state.strict_key, state.phases)
+                serve = state.serving.get(key)
+                if serve is None:
                     return self._tt_unknown(args, kwargs)
                 try:
-                    return backend.infer(*args, **kwargs)
+                    return serve(*args, **kwargs)
                 except UnsupportedInputError as exc:
-                    return self._tt_unservable(backend, exc, args, kwargs)
+                    return self._tt_unservable(state.routes[key], exc, args, kwargs)
             session = current_session()
             if session is None:
                 return state.original(*args, **kwargs)

@@ -248,6 +248,9 @@ class OpenVINOBackend(Backend):
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
         return self._runner(args, kwargs)  # type: ignore[misc]
 
+    def _serving(self) -> Callable[..., Any]:
+        return self._runner.serving()  # type: ignore[union-attr]
+
     def _check_device_available(self) -> str:
         name = ov_device_name(self._device)
         available = ov_core().available_devices

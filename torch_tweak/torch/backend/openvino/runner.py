@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -72,6 +73,31 @@ class Runner:
         if self._device is not None:
             outputs = [t.to(self._device) for t in outputs]
         return outputs[0] if self._single else unflatten(self._out_structure, outputs)
+
+    def serving(self) -> Callable[..., Any]:
+        """``self(args, kwargs)`` as a function of the call. A graph of one positional tensor and one output that
+        needs no cast or move, run on one request, skips the general mapping; any other call takes the general path."""
+        general = self.__call__
+        if not (self._leaves.single_positional and self._single and not self._casts and self._device is None
+                and self._split == 1):
+            return lambda *args, **kwargs: general(args, kwargs)
+        dtype, run = self._dtypes[0], self._run
+
+        def serve(*args: Any, **kwargs: Any) -> Any:
+            if kwargs or len(args) != 1:
+                return general(args, kwargs)
+            try:
+                array = args[0].numpy() if args[0].dtype is dtype else None
+            except (RuntimeError, TypeError, AttributeError):
+                array = None
+            if array is None:
+                return general(args, kwargs)
+            try:
+                return run([array])[0]
+            except RuntimeError as exc:
+                raise self._input_error(args) from exc
+
+        return serve
 
     def _acquire(self) -> tuple[Any, list[Any], list[bool]]:
         try:
