@@ -207,10 +207,7 @@ class Backend(ABC):
 
     @annotate(domain="Torch Tweak")
     def activate(self) -> None:
-        """Activates backend.
-
-        After activating, the backend should be ready to do inference.
-        """
+        """Activates backend: after it, the backend is ready to do inference."""
         if self.state == BackendState.INIT:
             raise BackendStateError(f"Cannot activate backend {self.name}, backend should be built first")
         if self.state == BackendState.DEPLOYED:
@@ -221,10 +218,7 @@ class Backend(ABC):
             self.state = BackendState.ACTIVE
 
     def deactivate(self) -> None:
-        """Deactivates backend.
-
-        After deactivating, the backend cannot be used to do inference.
-        """
+        """Deactivates backend: after it, the backend cannot be used to do inference."""
         if self.state == BackendState.INIT:
             raise BackendStateError(f"Cannot deactivate backend {self.name}, backend should be built first")
         if self.state == BackendState.DEPLOYED:
@@ -264,15 +258,7 @@ class Backend(ABC):
         self.state = BackendState.DEPLOYED
 
     def infer(self, *args: Any, **kwargs: Any) -> Any:
-        """Run inference with the given arguments.
-
-        Args:
-            args: Variable length argument list.
-            kwargs: Arbitrary keyword arguments.
-
-        Returns:
-            Any: The result of the inference.
-        """
+        """Run inference with the module's call arguments; returns what the module returns."""
         if self.state != BackendState.ACTIVE and self.state != BackendState.DEPLOYED:
             raise BackendStateError(f"Cannot run inference, backend {self.name} should be activated first")
 
