@@ -208,7 +208,8 @@ def test_a_unit_past_its_time_limit_is_stopped(background):
 def _tune(tmp_path, executor, name, reuse_results=False):
     log = tmp_path / f"{name}.jsonl"
     strategy = tt.HighestThroughputStrategy([TorchEagerBackend(), BuildsLoggedBackend(str(log))], profiling=FAST,
-                                            eager_margin=0.0, screening=False, reuse_results=reuse_results)
+                                            eager_margin=0.0, screening=False, reuse_results=reuse_results,
+                                            batch_routing=False)  # a route would be timed in turns by the main worker
     wrapped = tt.Module(mlp(), name=name, strategy=strategy)
     report = tt.tune(wrapped, DATA, batch_sizes=[1, 2], executor=executor)
     return [json.loads(line) for line in log.read_text().splitlines()], report.module(name).graphs[0]
@@ -245,7 +246,8 @@ def test_a_candidate_built_ahead_is_checked_and_measured_by_the_background_worke
 def test_a_screened_candidate_evaluated_in_the_background_is_swept_there(tmp_path):
     log = tmp_path / "swept.jsonl"
     strategy = tt.HighestThroughputStrategy([TorchEagerBackend(), BuildsLoggedBackend(str(log))], profiling=FAST,
-                                            eager_margin=0.0, screening=True, screening_margin=0.99)
+                                            eager_margin=0.0, screening=True, screening_margin=0.99,
+                                            batch_routing=False)  # a route would be timed in turns by the main worker
     report = tt.tune(tt.Module(mlp(), name="swept", strategy=strategy), DATA, batch_sizes=[1, 2, 4],
                      executor="process")
     row = next(r for r in report.module("swept").graphs[0].candidates if r.backend.startswith("BuildsLoggedBackend"))

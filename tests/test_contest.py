@@ -124,3 +124,31 @@ def test_malformed_stored_times_are_ignored(stored):
 
 def test_stored_times_are_read_back_with_integer_sizes():
     assert _stored({"k": [{"8": 1.5}, {"8": 2}]}, "k", 2, [8]) == [{8: 1.5}, {8: 2.0}]
+
+
+def _routes_part(reason: str) -> str:
+    return reason.split("timed in turns (3 rounds, p50 ms per call cycle): ", 1)[1] if "call cycle" in reason else ""
+
+
+def test_a_route_the_sweeps_owe_to_a_drift_is_dropped_once_timed_in_turns(clock):
+    machine = _Machine()
+    # "small" is swept on the fast machine (1.2 ms at batch 1); "main" starts the drift, so its batch-1 call looks
+    # 1.08x slower than small's (1.296 ms) although it is truly faster (0.81 ms). In turns small takes 1.92 ms.
+    small = _OnMachine(clock, machine, ms_per_call=1.0, ms_per_sample=0.2, label="small")
+    main = _OnMachine(clock, machine, drift=1.6, ms_per_call=0.8, ms_per_sample=0.01, label="main")
+    strat = strategy(tt.HighestThroughputStrategy, clock, [small, main], eager_ms=5.0, screening=False)
+    wrapped, _, graph = tune(strat)
+    assert graph.chosen == main.describe()
+    assert type(next(iter(wrapped.backends.values()))) is type(main)  # no router
+    assert "batch 1 timed in turns" in graph.reason
+    assert _routes_part(graph.reason) == (f"{small.describe()} 1.92, {main.describe()} 1.3: route dropped (it must "
+                                          f"win by {MIN_WIN:.2f}x)")
+
+
+def test_a_route_that_wins_in_turns_is_kept(clock):
+    small = TimedBackend(clock, ms_per_call=0.3, ms_per_sample=0.5, label="small")  # b1 0.8 ms, b2 1.3
+    large = TimedBackend(clock, ms_per_call=1.2, ms_per_sample=0.01, label="large")  # b1 1.21 ms, b2 1.22
+    strat = strategy(tt.HighestThroughputStrategy, clock, [small, large], eager_ms=5.0, screening=False)
+    wrapped, _, graph = tune(strat)
+    assert graph.chosen.startswith("BatchRouterBackend(batch<=1: " + small.describe())
+    assert _routes_part(graph.reason) == f"{small.describe()} 0.8, {large.describe()} 1.21: route kept"

@@ -29,6 +29,7 @@ from torch_tweak.torch.tune_strategy.graph_probes import CONTEST_TIMES
 from torch_tweak.torch.tune_strategy.isolated import WorkerContext
 from torch_tweak.torch.tune_strategy.mixed_routes import CallCycle, Sent, sent, serve_in_worker
 from torch_tweak.torch.tune_strategy.results import BASELINE, Evaluation, Plan
+from torch_tweak.torch.tune_strategy.routing import Routes, batch_routes
 from torch_tweak.utils.pause import paused
 
 logger = logging.getLogger(__name__)
@@ -100,28 +101,9 @@ class Contests:
         contenders = [best, *rivals]
         sizes = sorted({e.pick.batch_size for e in contenders})  # type: ignore[union-attr]
         names = ", ".join(e.row.backend for e in rivals)
-        key = json.dumps([[(e.template.key(), e.role) for e in contenders], sizes])  # type: ignore[union-attr]
-        stored = _stored(task.probed.get(CONTEST_TIMES), key, len(contenders), sizes)
-        if stored is not None:  # timed by an earlier run on the same reused results: it decides as that one did
-            times = stored
-        elif executor is not None and shared is not None:
-            outcome = executor.submit(shared, time_contest, ([sent(None, e) for e in contenders], sizes, plan),
-                                      time_limit_s=self.candidate_time_limit_s,
-                                      label=f"{describe_task(task)}: head-to-head with {names}").result()
-            if isinstance(outcome, Failure):
-                return best, f"; a head-to-head with {names} was not run (timing it failed: {outcome.message})"
-            times = outcome.value
-        else:
-            for evaluation in contenders:
-                if evaluation.backend is None and not self._rebuild(task, evaluation):
-                    return self._best(evaluations), (f"; a head-to-head with {names} was not run (building "
-                                                     f"{evaluation.row.backend} again failed)")
-                evaluation.backend.ensure_active()  # type: ignore[union-attr]  # released once it fell behind
-            times = contest_times([e.backend for e in contenders], task.graph_spec, task.device, plan, sizes,
-                                  self.profiling)
-        if not isinstance(task.probed.get(CONTEST_TIMES), dict):
-            task.probed[CONTEST_TIMES] = {}
-        task.probed[CONTEST_TIMES][key] = times
+        times = self._time_in_turns(task, contenders, sizes, plan, executor, shared, f"head-to-head with {names}")
+        if isinstance(times, str):
+            return best, f"; a head-to-head with {names} was not run ({times})"
         scores = [self._contest_score(t) for t in times]
         top = max(range(1, len(contenders)), key=lambda i: scores[i])
         won = _beats(scores[top], scores[0])
@@ -134,6 +116,92 @@ class Contests:
                    f"{best.row.backend} kept (a rival must win by {MIN_WIN:.2f}x)"))
         logger.info("%s: head-to-head%s", describe_task(task), note[1:])
         return winner, note
+
+
+    def _time_in_turns(self: Any, task: GraphTask, contenders: list[Evaluation], sizes: list[int], plan: Plan,
+                       executor: Executor | None, shared: Shared | None, what: str) -> list[dict[int, float]] | str:
+        """Per contender, the p50 ms of one call at each of ``sizes`` timed in turns (:func:`contest_times`): as an
+        earlier run on the same reused results stored them, in the worker, or here; or why they were not timed."""
+        key = json.dumps([[(_identity(e), e.role) for e in contenders], sizes])
+        stored = _stored(task.probed.get(CONTEST_TIMES), key, len(contenders), sizes)
+        if stored is not None:  # timed by an earlier run on the same reused results: it decides as that one did
+            times = stored
+        elif executor is not None and shared is not None:
+            if any(e.template is None for e in contenders):
+                return "a contender has no template to build it again in the worker"
+            outcome = executor.submit(shared, time_contest, ([sent(None, e) for e in contenders], sizes, plan),
+                                      time_limit_s=self.candidate_time_limit_s,
+                                      label=f"{describe_task(task)}: {what}").result()
+            if isinstance(outcome, Failure):
+                return f"timing it failed: {outcome.message}"
+            times = outcome.value
+        else:
+            for evaluation in contenders:
+                if evaluation.backend is None and not self._rebuild(task, evaluation):
+                    return f"building {evaluation.row.backend} again failed"
+                evaluation.backend.ensure_active()  # type: ignore[union-attr]  # released once it fell behind
+            times = contest_times([e.backend for e in contenders], task.graph_spec, task.device, plan, sizes,
+                                  self.profiling)
+        if not isinstance(task.probed.get(CONTEST_TIMES), dict):
+            task.probed[CONTEST_TIMES] = {}
+        task.probed[CONTEST_TIMES][key] = times
+        return times
+
+    def _confirm_routes(self: Any, task: GraphTask, chosen: Evaluation, evaluations: list[Evaluation],
+                        routes: Routes | None, plan: Plan, executor: Executor | None,
+                        shared: Shared | None) -> tuple[Routes | None, str]:
+        """``routes`` (same runtime) with each rival confirmed in turns against ``chosen`` at the measured batch sizes
+        it would serve: a rival whose calls there do not take :data:`MIN_WIN` times less in turns is dropped and the
+        routes are worked out again without it. Returns the routes and what the graph's reason adds."""
+        if routes is None or not self._contested:
+            return routes, ""
+        checked: list[Evaluation] = []
+        dropped: list[Evaluation] = []
+        notes: list[str] = []
+        while routes is not None:
+            rival, sizes = _unchecked_rival(routes, chosen, checked)
+            if rival is None:
+                break
+            checked.append(rival)
+            times = self._time_in_turns(task, [chosen, rival], sizes, plan, executor, shared,
+                                        f"route to {rival.row.backend} timed in turns")
+            if isinstance(times, str):
+                notes.append(f"the route to {rival.row.backend} was not timed in turns ({times})")
+                continue
+            mine, theirs = (sum(t[size] for size in sizes) for t in times)
+            kept = _beats(-theirs, -mine)
+            notes.append(f"batch {'/'.join(map(str, sizes))} timed in turns ({ROUNDS} rounds, p50 ms per call "
+                         f"cycle): {rival.row.backend} {theirs:.3g}, {chosen.row.backend} {mine:.3g}: route "
+                         + ("kept" if kept else f"dropped (it must win by {MIN_WIN:.2f}x)"))
+            if not kept:
+                dropped.append(rival)
+                serving = [e for e in evaluations if e.backend is not None and all(e is not d for d in dropped)]
+                routes = batch_routes(chosen, serving, 1.0 + self.eager_margin)
+        for note in notes:
+            logger.info("%s: %s", describe_task(task), note)
+        return routes, "".join(f"; {note}" for note in notes)
+
+
+def _identity(evaluation: Evaluation) -> str:
+    built = evaluation.template if evaluation.template is not None else evaluation.backend
+    return built.key() if built is not None else evaluation.row.backend
+
+
+def _unchecked_rival(routes: Routes, chosen: Evaluation, checked: list[Evaluation]) -> tuple[Evaluation | None, list[int]]:
+    """The first route's candidate other than ``chosen`` not yet in ``checked``, with the batch sizes ``chosen``
+    measured in the ranges it serves."""
+    assert chosen.sweep is not None
+    measured = sorted(m.batch_size for m in chosen.sweep.measurements if m.batched)
+    low = 1
+    rival: Evaluation | None = None
+    sizes: list[int] = []
+    for bound, evaluation in routes:
+        if rival is None and evaluation is not chosen and all(evaluation is not c for c in checked):
+            rival = evaluation
+        if rival is not None and evaluation is rival:
+            sizes += [s for s in measured if s >= low and (bound is None or s <= bound)]
+        low = (bound or 0) + 1
+    return (rival, sizes) if rival is not None and sizes else (None, [])
 
 
 def _beats(rival: float, best: float) -> bool:

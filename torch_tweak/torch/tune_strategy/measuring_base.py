@@ -230,6 +230,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Conte
                     break
                 for evaluation in missing:
                     self._rebuild(task, evaluation)
+            routes, confirmed = self._confirm_routes(task, chosen, evaluations, routes, plan, executor, shared)
             routes, crossing = self._routes_across_runtimes(task, chosen, evaluations, routes, plan, executor, shared) \
                 if self._routes_batches else (routes, "")
         finally:  # the worker times routes across runtimes too
@@ -249,7 +250,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Conte
             backend = BatchRouterBackend([(bound, e.backend) for bound, e in routes], task.graph_spec)
             task.report.chosen = backend.describe()
             reason = f"{reason}; {describe_routes(routes, chosen)}"
-        task.report.reason = reason + contest + crossing
+        task.report.reason = reason + contest + confirmed + crossing
         self.results.append(StrategyResult(task.module_name, task.report))
         logger.info("%s: chose %s (%s)", describe_task(task), task.report.chosen, reason)
         return backend
