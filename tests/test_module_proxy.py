@@ -108,3 +108,44 @@ def test_calls_outside_tuning_run_the_original_module():
     x = torch.randn(2, 8)
     assert torch.equal(wrapped(x), nn.Sequential.forward(model, x))
     assert wrapped.state is tt.ModuleState.INIT
+
+
+
+def test_a_tuned_proxy_call_skips_nn_module_call_only_while_no_hook_could_see_the_difference(monkeypatch):
+    model, reference = mlp(), mlp()
+    wrapped = tt.Module(model, strategy=eager())
+    tt.tune(wrapped, [torch.randn(8)] * 2, batch_sizes=[1, 2])
+    through = []
+    monkeypatch.setattr(nn.Module, "__call__", lambda self, *a, **k: through.append(self) or self._call_impl(*a, **k))
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(wrapped(x), reference(x))
+        assert all(m is not model for m in through)  # straight to the dispatcher
+        seen = []
+        handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: seen.append(type(m).__name__))
+        try:
+            torch.testing.assert_close(wrapped(x), reference(x))
+        finally:
+            handle.remove()
+        assert any(m is model for m in through) and "Sequential" in seen  # the hook sees the wrapped module's call
+        through.clear()
+        wrapped(x)
+        assert all(m is not model for m in through)
+
+
+def test_calls_go_through_the_module_when_its_forward_was_replaced_or_a_trace_runs():
+    from torch_tweak.torch.module import forward as _forward
+
+    model = mlp()
+    tt.Module(model, strategy=eager())
+    interceptor = model.__dict__["forward"]
+    assert _forward.calls_straight_through(model, interceptor)
+    assert not _forward.calls_straight_through(model, lambda *a: None)  # not the forward installed on the module
+    during_trace = []
+
+    def traced(x):
+        during_trace.append(_forward.calls_straight_through(model, interceptor))
+        return x * 2
+
+    torch.jit.trace(traced, torch.randn(2), check_trace=False)
+    assert during_trace and not any(during_trace)

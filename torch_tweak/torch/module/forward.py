@@ -14,7 +14,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch import nn
+from torch.nn.modules import module as _nn_module
 
 _ORIGINAL: weakref.WeakKeyDictionary[nn.Module, Callable[..., Any] | None] = weakref.WeakKeyDictionary()
 _HOOK_DICTS = (
@@ -24,6 +26,34 @@ _HOOK_DICTS = (
     "_forward_pre_hooks",
     "_forward_pre_hooks_with_kwargs",
 )
+
+
+def _global_hook_dicts() -> tuple[Any, ...] | None:
+    """torch's process-wide module hook registries (``register_module_forward_hook`` and friends), or None when this
+    torch keeps them elsewhere: then no call skips ``nn.Module.__call__``."""
+    names = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
+             "_global_backward_hooks")
+    found = tuple(getattr(_nn_module, name, None) for name in names)
+    return found if all(isinstance(d, dict) for d in found) else None
+
+
+_GLOBAL_HOOKS = _global_hook_dicts()
+_TRACING = getattr(torch._C, "_get_tracing_state", None)
+
+
+def calls_straight_through(module: nn.Module, interceptor: Callable[..., Any]) -> bool:
+    """True when ``module(...)`` would do nothing but call ``interceptor``: it is still the module's forward, the module
+    has no hooks of its own, no process-wide module hooks are registered, it was not compiled in place
+    (``module.compile()``) and no TorchScript trace is running. The holder of ``interceptor`` may then call it
+    directly and skip ``nn.Module.__call__`` (about 1 µs of a call); any of these conditions sends the call through
+    ``module(...)`` as usual, so hooks run and tracing sees the module."""
+    hooks, tracing = _GLOBAL_HOOKS, _TRACING
+    if hooks is None or tracing is None or module.__dict__.get("forward") is not interceptor:
+        return False
+    if (module._forward_pre_hooks or module._forward_hooks or module._backward_pre_hooks or module._backward_hooks
+            or hooks[0] or hooks[1] or hooks[2] or hooks[3]):
+        return False
+    return getattr(module, "_compiled_call_impl", None) is None and not tracing()
 
 
 def install(module: nn.Module, interceptor: Callable[..., Any]) -> None:

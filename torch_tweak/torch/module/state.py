@@ -58,6 +58,7 @@ class ModuleInternals:
         self.strategy = strategy
         self.strategies = strategies
         self.original = original
+        self.interceptor: Callable[..., Any] | None = None  # the forward installed on ``module`` (set by tt.Module)
         self.status = ModuleState.INIT
         self.recorder: Recorder | None = None
         self.session_id: int | None = None

@@ -78,7 +78,8 @@ class Module(ReferenceMembers):
         state = ModuleInternals(module, _register(self, module, name), strategy, strategies,
                                 _forward.original_forward(module))
         object.__setattr__(self, "_tt", state)
-        _forward.install(module, _Interceptor(self))
+        state.interceptor = _Interceptor(self)
+        _forward.install(module, state.interceptor)
 
     # transparency -------------------------------------------------------------------------------
 
@@ -100,7 +101,10 @@ class Module(ReferenceMembers):
         delattr(self._tt.module, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._tt.module(*args, **kwargs)
+        state = self._tt
+        if _forward.calls_straight_through(state.module, state.interceptor):  # the same call, without nn.Module's
+            return self._tt_dispatch(args, kwargs)
+        return state.module(*args, **kwargs)
 
     def __getitem__(self, index: Any) -> Any:
         return self._tt.module[index]
