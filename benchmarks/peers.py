@@ -95,7 +95,7 @@ class Driver:
         base = {"system": system.key, "workload": workload, "phase": phase, "ok": False, "batches": {}, "notes": []}
         if python is None:
             return {**base, "error": self.env_errors.get(env_name or "", "environment unavailable")}
-        artifact = RUN_DIR / "artifacts" / f"{system.key.replace('_loaded', '')}_{workload}"
+        artifact = RUN_DIR / "artifacts" / f"{system.serves or system.key.replace('_loaded', '')}_{workload}"
         artifact.mkdir(parents=True, exist_ok=True)
         command = [str(python), str(HERE / "peers" / system.runner), "--system", system.key, "--workload", workload,
                    "--phase", phase, "--run-dir", str(RUN_DIR), "--out", str(out), "--artifact", str(artifact),
@@ -136,7 +136,7 @@ def run_workload(driver: Driver, workload: str, systems: list[System]) -> dict[s
         return results
     systems = [s for s in systems if s.key not in driver.mode.skip.get(workload, ())]
     for system in systems:
-        if system.key in ("eager", "tt_loaded"):
+        if system.key in ("eager", "tt_loaded") or system.serves:
             continue
         results[system.key] = {"tune": driver.run(system, workload, "tune", batches), "loads": []}
     for system in systems:
@@ -218,7 +218,7 @@ def add_systems(args: argparse.Namespace, mode: Mode, systems: list[System], loa
         entries = old["records"][workload]
         batches = mode.batches[workload]
         for system in systems:
-            if system.key in mode.skip.get(workload, ()):
+            if system.key in mode.skip.get(workload, ()) or system.serves:
                 continue
             if system.key == "tt_loaded":
                 if not entries.get("tt", {}).get("tune", {}).get("ok"):

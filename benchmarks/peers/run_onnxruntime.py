@@ -1,6 +1,7 @@
 """Runner: ONNX Runtime set up by hand, as a user's few-line script would (no torch_tweak involved).
 
     python run_onnxruntime.py --system onnxruntime --workload W --phase {tune,load,serve} ...
+    python run_onnxruntime.py --system onnxruntime_torch --workload W --phase serve ...
 
 ``tune``: ``torch.onnx.export`` with torch's default exporter and dynamic batch (and, for the encoder,
 sequence) axes, then an ``onnxruntime.InferenceSession`` with the CPU execution provider, the default
@@ -8,7 +9,8 @@ graph optimizations (``ORT_ENABLE_ALL``) and ``intra_op_num_threads`` set to the
 call is ``session.run`` on numpy inputs, one after another. The "tuning" time is export plus session
 creation. ``load``: a fresh process that never imports torch creates the session from the saved
 ``.onnx`` file and runs one inference. ``serve``: a fresh process without torch creates the session from the
-saved file and times every batch size (one round of the driver's interleaved serving rounds).
+saved file and times every batch size (one round of the driver's interleaved serving rounds); as system
+``onnxruntime_torch`` it serves the same file to a torch tensor, converted on each call, and returns a tensor.
 """
 
 from __future__ import annotations
@@ -96,17 +98,24 @@ def load() -> None:
 
 
 def serve() -> None:
-    """Fresh process without torch: the saved session, timed at every batch size."""
+    """Fresh process: the saved session, timed at every batch size; without torch on a numpy array built once
+    (``onnxruntime``), or with a torch tensor converted on each call and a tensor returned (``onnxruntime_torch``)."""
     import numpy as np
 
     ort = _import_ort()
     inputs = np.load(args.run_dir / f"{args.workload}.inputs.npz")
     session = _session(ort, args.artifact / "model.onnx")
     feeds = {b: {"input": np.ascontiguousarray(inputs[f"b{b}"])} for b in map(int, args.batches.split(","))}
-    for feed in feeds.values():
-        session.run(None, feed)
-    common.serve_batches(record, args, lambda b: common.time_calls(lambda: session.run(None, feeds[b]), b, args.reps,
-                                                                   args.rep_time))
+    if args.system == "onnxruntime_torch":
+        import torch
+
+        tensors = {b: torch.from_numpy(feed["input"]) for b, feed in feeds.items()}
+        calls = {b: (lambda x=x: torch.from_numpy(session.run(None, {"input": x.numpy()})[0])) for b, x in tensors.items()}
+    else:
+        calls = {b: (lambda feed=feed: session.run(None, feed)) for b, feed in feeds.items()}
+    for call in calls.values():
+        call()
+    common.serve_batches(record, args, lambda b: common.time_calls(calls[b], b, args.reps, args.rep_time))
 
 
 if __name__ == "__main__":  # guard: some peers start worker processes that re-import __main__

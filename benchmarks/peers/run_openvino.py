@@ -1,6 +1,6 @@
 """Runner: OpenVINO configured by hand as its documentation recommends (no torch_tweak involved).
 
-    python run_openvino.py --system {ov_throughput,ov_latency,ov_int8_throughput,ov_int8_latency} --workload W --phase {tune,load,serve} ...
+    python run_openvino.py --system {ov_throughput,ov_latency,ov_int8_throughput,ov_int8_latency}[_torch] --workload W --phase {tune,load,serve} ...
 
 ``tune``: ``ov.convert_model`` (example input, dynamic shapes), ``ov.save_model`` (fp32 weights), then
 ``core.compile_model`` with ``PERFORMANCE_HINT`` THROUGHPUT or LATENCY and the model cache (``CACHE_DIR``)
@@ -164,7 +164,8 @@ def load() -> None:
 
 
 def serve() -> None:
-    """Fresh process without torch: compile the saved IR (model cache warm), time every batch size."""
+    """Fresh process: compile the saved IR (model cache warm), time every batch size; without torch on a numpy array
+    built once, or (``*_torch``, LATENCY) with a torch tensor converted on each call and a tensor returned."""
     import numpy as np
     import openvino as ov
 
@@ -174,13 +175,27 @@ def serve() -> None:
     feeds = {b: {0: np.ascontiguousarray(inputs[f"b{b}"])} for b in map(int, args.batches.split(","))}
     for feed in feeds.values():
         request.infer(feed)
+    if TORCH_IO:
+        import torch
+
+        tensors = {b: torch.from_numpy(feed[0]) for b, feed in feeds.items()}
+
+        def time_batch(b: int) -> dict:
+            x = tensors[b]
+            call = lambda: torch.from_numpy(request.infer({0: x.numpy()}, share_inputs=True).to_tuple()[0])  # noqa: E731
+            call()
+            return common.time_calls(call, b, args.reps, args.rep_time)
+
+        common.serve_batches(record, args, time_batch)
+        return
     common.serve_batches(record, args, lambda b: _time(ov, compiled, request, feeds[b], b))
 
 
 if __name__ == "__main__":  # guard: some peers start worker processes that re-import __main__
     args = common.parse_args(__doc__.splitlines()[0])
     record = common.new_record(args)
+    TORCH_IO = args.system.endswith("_torch")
     HINT = {"ov_throughput": "THROUGHPUT", "ov_latency": "LATENCY", "ov_int8_throughput": "THROUGHPUT",
-            "ov_int8_latency": "LATENCY"}[args.system]
+            "ov_int8_latency": "LATENCY"}[args.system.removesuffix("_torch")]
     INT8 = args.system.startswith("ov_int8")
     common.run_guarded(record, args.out, {"tune": tune, "load": load, "serve": serve}[args.phase])

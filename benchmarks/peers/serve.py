@@ -18,13 +18,14 @@ from peers.systems import BY_KEY, Mode
 from peers.workloads import TASKS, WORKLOADS
 
 SERVED = ("eager", "inductor", "ov_compile", "ov_throughput", "ov_latency", "ov_int8_throughput", "ov_int8_latency",
-          "onnxruntime", "tt_loaded")
+          "onnxruntime", "onnxruntime_torch", "ov_latency_torch", "ov_int8_latency_torch", "tt_loaded")
 MINE = "tt_loaded"
 
 
 def _owner(key: str) -> str:
-    """The system whose tune phase made the artifact ``key`` serves (``tt_loaded`` serves ``tt``'s)."""
-    return "tt" if key == MINE else key
+    """The system whose tune phase made the artifact ``key`` serves (``tt_loaded`` serves ``tt``'s, a torch-I/O
+    variant its by-hand twin's); the variants join the rounds whenever their twin's tune phase succeeded."""
+    return "tt" if key == MINE else BY_KEY[key].serves or key
 
 
 def served_systems(entries: dict[str, Any]) -> list[str]:
@@ -61,7 +62,7 @@ def summarize(results: dict[str, Any], mode: Mode) -> list[dict[str, Any]]:
     best peer of the same round (overall, and within the workload's task bound), summarized over the rounds."""
     out = []
     for workload, entries in results.items():
-        keys = [k for k in SERVED if entries.get(_owner(k), {}).get("serve")]
+        keys = [k for k in SERVED if any(r.get("system") == k for r in entries.get(_owner(k), {}).get("serve") or [])]
         if not keys:
             continue
         for batch in mode.batches[workload]:
@@ -73,8 +74,9 @@ def summarize(results: dict[str, Any], mode: Mode) -> list[dict[str, Any]]:
             rounds = min(len(v) for v in per_round.values())
             peers = [k for k in keys if BY_KEY[k].peer]
             in_bound = [k for k in peers if _within(entries, k)]
-            pools = {"best": peers, "in_bound": in_bound,
-                     "in_bound_one_call": [k for k in in_bound if not BY_KEY[k].concurrent]}
+            one_call = [k for k in in_bound if not BY_KEY[k].concurrent]
+            pools = {"best": peers, "in_bound": in_bound, "in_bound_one_call": one_call,
+                     "in_bound_torch_io": [k for k in one_call if BY_KEY[k].torch_io]}
             ratios: dict[str, list[float]] = {pool: [] for pool in pools}
             best_in_bound: list[str] = []
             for r in range(rounds):
@@ -91,6 +93,7 @@ def summarize(results: dict[str, Any], mode: Mode) -> list[dict[str, Any]]:
                                         "within_bound": _within(entries, k)} for k in keys},
                         "x_best_peer": _spread(ratios["best"]), "x_best_in_bound": _spread(ratios["in_bound"]),
                         "x_best_in_bound_one_call": _spread(ratios["in_bound_one_call"]),
+                        "x_best_in_bound_torch_io": _spread(ratios["in_bound_torch_io"]),
                         "best_in_bound_per_round": best_in_bound})
     return out
 
@@ -117,7 +120,8 @@ def markdown(summary: list[dict[str, Any]]) -> list[str]:
     keys = [k for k in SERVED if any(k in e["systems"] for e in summary)]
     rounds = max(e["rounds"] for e in summary)
     head = ["workload, batch", *(BY_KEY[k].short for k in keys), "torch_tweak x best peer",
-            "torch_tweak x best peer in task bound", "x best one-call-at-a-time peer in task bound"]
+            "torch_tweak x best peer in task bound", "x best one-call-at-a-time peer in task bound",
+            "x best torch-I/O peer in task bound"]
     lines = ["", f"**Interleaved serving rounds** ({rounds} rounds; in each, every system's saved artifact is loaded in "
              "a fresh process and timed at each batch size, in turns, the order rotating from round to round). "
              "Samples/s, median (min–max) over the rounds; ✗: outside the task bound. The ratios are taken within "
@@ -131,12 +135,16 @@ def markdown(summary: list[dict[str, Any]]) -> list[str]:
             mark = "" if system is None or system["within_bound"] else " ✗"
             cells.append(_cell(system["throughput"]) + mark if system else "–")
         cells += [_cell(e["x_best_peer"], True), _cell(e["x_best_in_bound"], True),
-                  _cell(e.get("x_best_in_bound_one_call"), True)]
+                  _cell(e.get("x_best_in_bound_one_call"), True), _cell(e.get("x_best_in_bound_torch_io"), True)]
         lines.append("| " + " | ".join(cells) + " |")
     bounds = sorted({TASKS[WORKLOADS[e["workload"]].task].describe() for e in summary})
     concurrent = ", ".join(BY_KEY[k].short for k in keys if BY_KEY[k].concurrent)
     lines += ["", f"Task bounds: {'; '.join(bounds)}."
               + (f" {concurrent} keep several requests in flight (an async queue, so several batches run at once); a "
                  "call of a torch_tweak module, like a PyTorch module's, returns before the next one starts, as do "
-                 "the one-call-at-a-time peers of the last column." if concurrent else "")]
+                 "the one-call-at-a-time peers of the next-to-last column." if concurrent else "")
+              + " The by-hand peers take a numpy array built once and reused, and return numpy; their \"torch I/O\" "
+              "variants serve the same artifacts from a torch tensor converted on each call and return a tensor, as "
+              "a call inside a PyTorch program does. The last column compares torch_tweak with the best one-call "
+              "peer that takes and returns torch tensors (those variants, eager, torch.compile)."]
     return lines

@@ -19,12 +19,15 @@ class System:
     peer: bool = True  # counts as a peer for the "x best peer" ratio
     default: bool = True  # runs unless left out (False: only when asked for, see peers.py --tt-task-metric)
     concurrent: bool = False  # keeps several requests in flight (an async queue), which one caller's call cannot
+    serves: str | None = None  # times the artifact another system's tune phase made, in the serving rounds only
+    torch_io: bool = False  # takes torch tensors and returns torch tensors, as a call inside a PyTorch program does
 
 
 SYSTEMS: list[System] = [
-    System("eager", "eager PyTorch", "run_torch.py", "eager", peer=False),
-    System("inductor", "torch.compile (Inductor, default mode)", "run_torch.py", "torch.compile"),
-    System("ov_compile", 'torch.compile(backend="openvino")', "run_torch.py", "torch.compile(openvino)"),
+    System("eager", "eager PyTorch", "run_torch.py", "eager", peer=False, torch_io=True),
+    System("inductor", "torch.compile (Inductor, default mode)", "run_torch.py", "torch.compile", torch_io=True),
+    System("ov_compile", 'torch.compile(backend="openvino")', "run_torch.py", "torch.compile(openvino)",
+           torch_io=True),
     System("ov_throughput", "OpenVINO by hand: THROUGHPUT hint, AsyncInferQueue", "run_openvino.py",
            "OpenVINO THROUGHPUT", concurrent=True),
     System("ov_latency", "OpenVINO by hand: LATENCY hint, 1 request", "run_openvino.py", "OpenVINO LATENCY"),
@@ -34,16 +37,27 @@ SYSTEMS: list[System] = [
            "run_openvino.py", "OpenVINO INT8 LATENCY"),
     System("onnxruntime", "ONNX Runtime by hand: torch.onnx.export, CPU provider, default optimizations",
            "run_onnxruntime.py", "ONNX Runtime"),
+    # The by-hand peers above are timed on a numpy array built once and reused, returning numpy. A PyTorch program
+    # holds tensors: these time the same artifacts called with a tensor, converted on each call, and return one.
+    System("onnxruntime_torch", "ONNX Runtime by hand, torch tensors in and out: "
+           "torch.from_numpy(session.run(None, {name: x.numpy()})[0])", "run_onnxruntime.py",
+           "ONNX Runtime, torch I/O", load=False, default=False, serves="onnxruntime", torch_io=True),
+    System("ov_latency_torch", "OpenVINO by hand, LATENCY hint, torch tensors in and out: "
+           "torch.from_numpy(request.infer({0: x.numpy()}, share_inputs=True).to_tuple()[0])", "run_openvino.py",
+           "OpenVINO LATENCY, torch I/O", load=False, default=False, serves="ov_latency", torch_io=True),
+    System("ov_int8_latency_torch", "OpenVINO INT8 by hand, LATENCY hint, torch tensors in and out (as above)",
+           "run_openvino.py", "OpenVINO INT8 LATENCY, torch I/O", load=False, default=False, serves="ov_int8_latency",
+           torch_io=True),
     System("aitune", "NVIDIA AITune 0.6 (MaxThroughputStrategy, CPU backends)", "run_aitune.py", "AITune",
            env="aitune", dispatch=True),
     System("navigator", "Triton Model Navigator 0.14 (optimize, MaxThroughput runner)", "run_navigator.py",
            "Navigator", env="navigator", dispatch=True),
     System("tt", "torch_tweak tt.tune (HighestThroughputStrategy, all backends)", "run_tt.py", "torch_tweak",
-           dispatch=True, peer=False),
+           dispatch=True, peer=False, torch_io=True),
     System("tt_task", "torch_tweak tt.tune with the task metric (FidelityConfig(metric=...), same bound)",
-           "run_tt.py", "torch_tweak (task metric)", load=False, peer=False, default=False),
+           "run_tt.py", "torch_tweak (task metric)", load=False, peer=False, default=False, torch_io=True),
     System("tt_loaded", "torch_tweak after tt.save -> tt.load (fresh process)", "run_tt.py",
-           "torch_tweak after load", load=False, peer=False),
+           "torch_tweak after load", load=False, peer=False, torch_io=True),
 ]
 BY_KEY = {s.key: s for s in SYSTEMS}
 
