@@ -10,7 +10,7 @@ import torch
 from toy_models import mlp
 
 import torch_tweak.torch as tt
-from torch_tweak.errors import BackendStateError, UnsupportedInputError
+from torch_tweak.errors import BackendStateError, SignatureMismatchError, UnsupportedInputError
 from torch_tweak.torch.backend import (
     BatchRouterBackend,
     NonFiniteGuardBackend,
@@ -59,6 +59,21 @@ def test_a_tuned_module_makes_its_serving_function_once_and_again_after_a_backen
         wrapped.activate()
         torch.testing.assert_close(wrapped(x), reference(x))
     assert len(made) == 2
+
+
+def test_calls_of_one_tensor_find_their_graph_by_rank_and_unknown_ranks_still_fail():
+    torch.manual_seed(3)
+    model = torch.nn.Linear(8, 4).eval()
+    wrapped = tt.Module(model, name="by_rank", strategy=tt.OneBackendStrategy(TorchEagerBackend()))
+    tt.tune(wrapped, [torch.randn(8), torch.randn(3, 8)], batch_sizes=[1, 2])
+    assert len(wrapped.graph_specs) == 2
+    with torch.no_grad():
+        for x in (torch.randn(2, 8), torch.randn(1, 3, 8), torch.randn(3, 8), torch.randn(2, 3, 8)):
+            torch.testing.assert_close(wrapped(x), torch.nn.functional.linear(x, model.weight, model.bias))
+        with pytest.raises(SignatureMismatchError, match="match none of its 2 tuned"):
+            wrapped(torch.randn(8))
+        with pytest.raises(SignatureMismatchError):
+            wrapped(torch.randn(8))  # an unknown rank is never remembered as served
 
 
 def test_a_router_serving_function_routes_like_infer_and_refuses_once_deactivated(tmp_path):

@@ -66,6 +66,7 @@ class ModuleInternals:
         self.routes: dict[tuple[Any, ...], Any] = {}  # key → backend, derived from ``graphs`` for dispatch
         self.serving: dict[tuple[Any, ...], Callable[..., Any]] = {}  # key → serving function (see refresh_serving)
         self.serving_count = -1  # the backend state changes counted when ``serving`` was made
+        self.serving_by_rank: dict[int, Callable[..., Any]] = {}  # calls of one positional tensor, by its rank
         self.offloaded = False
         self.phases = False
         self.strict_key = True
@@ -103,7 +104,7 @@ class ModuleInternals:
         """Enter TUNED with ``graphs`` (dispatch in their order); ``checkpoint`` keeps loaded artifacts alive."""
         self.graphs = list(graphs)
         self.routes = {g.key: g.backend for g in graphs}
-        self.serving, self.serving_count = {}, -1
+        self.serving, self.serving_count, self.serving_by_rank = {}, -1, {}
         self.phases = any(g.spec.phase is not None for g in graphs)
         self.strict_key = graphs[0].spec.strict if graphs else True
         self.recorder = None
@@ -119,13 +120,14 @@ class ModuleInternals:
 
     def clear_tuning(self) -> None:
         """Forget the tuned graphs and their backends (the status is the caller's to set)."""
-        self.graphs, self.routes, self.serving, self.serving_count = [], {}, {}, -1
+        self.graphs, self.routes, self.serving, self.serving_count, self.serving_by_rank = [], {}, {}, -1, {}
 
     def refresh_serving(self) -> None:
         """Make each tuned graph's serving function again (see :mod:`.serving`) when a backend changed state since."""
         count = changes.count  # read first: a change made while the functions are made is seen at the next call
         if count != self.serving_count:
             self.serving = {key: serving_function(backend) for key, backend in self.routes.items()}
+            self.serving_by_rank = {}
             self.serving_count = count
 
     def backends(self) -> list[Any]:
