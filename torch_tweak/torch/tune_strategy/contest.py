@@ -38,11 +38,6 @@ CONTEST_WITHIN = 1.5  # rivals whose score the best beat by less than this facto
 MAX_RIVALS = 2  # at most this many rivals (the closest), so a contest costs a few blocks per candidate
 ROUNDS = 3  # timed blocks per contender
 MIN_WIN = 1.03  # a rival must beat the best in turns by this factor to replace it (no flapping between equals)
-#: A batch-size route to another candidate of the same runtime keeps a second compiled copy of the graph in memory (a
-#: BERT-base int8 IR under OpenVINO's THROUGHPUT hint next to its LATENCY twin: +350 MB), so its candidate must serve
-#: the route's batch sizes this many times faster in turns. On a Sapphire Rapids Xeon that route won by 1.03x in
-#: turns while tuning and then served batch 8 at 0.94x the LATENCY IR alone.
-ROUTE_MIN_WIN = 1.10
 _WARM_CYCLE_MAX_S = 0.05  # a block starts with an untimed cycle when one takes less (switching costs show there)
 
 
@@ -156,7 +151,7 @@ class Contests:
                         routes: Routes | None, plan: Plan, executor: Executor | None,
                         shared: Shared | None) -> tuple[Routes | None, str]:
         """``routes`` (same runtime) with each rival confirmed in turns against ``chosen`` at the measured batch sizes
-        it would serve: a rival whose calls there do not take :data:`ROUTE_MIN_WIN` times less in turns is dropped and the
+        it would serve: a rival whose calls there do not take :data:`MIN_WIN` times less in turns is dropped and the
         routes are worked out again without it. Returns the routes and what the graph's reason adds."""
         if routes is None or not self._contested:
             return routes, ""
@@ -174,11 +169,10 @@ class Contests:
                 notes.append(f"the route to {rival.row.backend} was not timed in turns ({times})")
                 continue
             mine, theirs = (sum(t[size] for size in sizes) for t in times)
-            kept = _factor(-theirs, -mine) >= ROUTE_MIN_WIN
+            kept = _beats(-theirs, -mine)
             notes.append(f"batch {'/'.join(map(str, sizes))} timed in turns ({ROUNDS} rounds, p50 ms per call "
                          f"cycle): {rival.row.backend} {theirs:.3g}, {chosen.row.backend} {mine:.3g}: route "
-                         + ("kept" if kept else f"dropped (it must win by {ROUTE_MIN_WIN:.2f}x: a route keeps "
-                                                "another compiled copy of the graph in memory)"))
+                         + ("kept" if kept else f"dropped (it must win by {MIN_WIN:.2f}x)"))
             if not kept:
                 dropped.append(rival)
                 serving = [e for e in evaluations if e.backend is not None and all(e is not d for d in dropped)]
