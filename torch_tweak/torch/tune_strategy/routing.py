@@ -74,13 +74,13 @@ def route_margin(rival: Evaluation, margin: float, chosen: Evaluation | None = N
 
 
 def batch_routes(chosen: Evaluation, evaluations: list[Evaluation], margin: float,
-                 other_runtime: str | None = None) -> Routes | None:
+                 other_runtime: str | None = None, refused: frozenset[tuple[int, int]] = frozenset()) -> Routes | None:
     """``(max_batch_size, evaluation)`` ranges, or None when the chosen candidate should serve every batch size.
 
     At each batch size the chosen candidate measured, a candidate of its runtime (or of ``other_runtime``) that
     measured the same batch size takes over when its throughput is at least :func:`route_margin` times the chosen
-    one's (and the highest such). A batch size between two measured ones goes with the smaller; the last range
-    is open.
+    one's (and the highest such), unless ``(id(candidate), batch size)`` is in ``refused`` (it lost that size when
+    timed in turns). A batch size between two measured ones goes with the smaller; the last range is open.
     """
     if chosen.sweep is None or (chosen.backend is None and not chosen.reused):
         return None
@@ -96,6 +96,8 @@ def batch_routes(chosen: Evaluation, evaluations: list[Evaluation], margin: floa
         for rival in rivals:
             assert rival.sweep is not None
             m = rival.sweep.at(size)
+            if (id(rival), size) in refused:
+                continue
             if m is not None and m.throughput >= route_margin(rival, margin, chosen) * own[size] and m.throughput > speed:
                 pick, speed = rival, m.throughput
         assignment.append(pick)
