@@ -131,14 +131,21 @@ def _routes_part(reason: str) -> str:
     return reason.split(marker, 1)[1] if marker in reason else ""
 
 
-def test_a_route_the_sweeps_owe_to_a_drift_is_dropped_once_timed_in_turns(clock):
+def _swept_during_a_drift(clock, small: tuple[float, float], main: tuple[float, float], drift: float):
+    """Tune ``small`` (swept first, on the fast machine) against ``main``, whose first call slows the machine down by
+    ``drift``; each is ``(ms_per_call, ms_per_sample)``. Returns the two backends, the module and the graph report."""
     machine = _Machine()
+    first = _OnMachine(clock, machine, ms_per_call=small[0], ms_per_sample=small[1], label="small")
+    second = _OnMachine(clock, machine, drift=drift, ms_per_call=main[0], ms_per_sample=main[1], label="main")
+    strat = strategy(tt.HighestThroughputStrategy, clock, [first, second], eager_ms=5.0, screening=False)
+    wrapped, _, graph = tune(strat)
+    return first, second, wrapped, graph
+
+
+def test_a_route_the_sweeps_owe_to_a_drift_is_dropped_once_timed_in_turns(clock):
     # "small" is swept on the fast machine (1.2 ms at batch 1); "main" starts the drift, so its batch-1 call looks
     # 1.08x slower than small's (1.296 ms) although it is truly faster (0.81 ms). In turns small takes 1.92 ms.
-    small = _OnMachine(clock, machine, ms_per_call=1.0, ms_per_sample=0.2, label="small")
-    main = _OnMachine(clock, machine, drift=1.6, ms_per_call=0.8, ms_per_sample=0.01, label="main")
-    strat = strategy(tt.HighestThroughputStrategy, clock, [small, main], eager_ms=5.0, screening=False)
-    wrapped, _, graph = tune(strat)
+    small, main, wrapped, graph = _swept_during_a_drift(clock, (1.0, 0.2), (0.8, 0.01), drift=1.6)
     assert graph.chosen == main.describe()
     assert type(next(iter(wrapped.backends.values()))) is type(main)  # no router
     assert "batch 1 timed in turns" in graph.reason
@@ -147,14 +154,10 @@ def test_a_route_the_sweeps_owe_to_a_drift_is_dropped_once_timed_in_turns(clock)
 
 
 def test_a_route_is_confirmed_batch_size_by_batch_size(clock):
-    machine = _Machine()
-    # swept on a machine that "large" slows down 1.5x from its first call on, large looks slower than small at
+    # swept on a machine that "main" slows down 1.5x from its first call on, main looks slower than small at
     # batch 1 and 2; in turns (both slowed) small still wins batch 1 (1.2 against 1.81 ms) but loses batch 2 (1.95
     # against 1.83 ms), which the sum over the two (3.15 against 3.65 ms) would hide
-    small = _OnMachine(clock, machine, ms_per_call=0.3, ms_per_sample=0.5, label="small")
-    large = _OnMachine(clock, machine, drift=1.5, ms_per_call=1.2, ms_per_sample=0.01, label="large")
-    strat = strategy(tt.HighestThroughputStrategy, clock, [small, large], eager_ms=5.0, screening=False)
-    wrapped, _, graph = tune(strat)
+    small, large, wrapped, graph = _swept_during_a_drift(clock, (0.3, 0.5), (1.2, 0.01), drift=1.5)
     assert graph.chosen.startswith("BatchRouterBackend(batch<=1: " + small.describe())
     assert _routes_part(graph.reason) == (f"{small.describe()} 1.2/1.95, {large.describe()} 1.81/1.83: route kept at "
                                           f"batch 1, dropped at batch 2 (it must win by {MIN_WIN:.2f}x at each batch "
