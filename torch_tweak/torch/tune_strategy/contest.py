@@ -172,7 +172,7 @@ class Contests:
                 notes.append(f"the route to {rival.row.backend} was not timed in turns ({times})")
                 continue
             mine, theirs = times
-            lost = [size for size in sizes if _factor(-theirs[size], -mine[size]) < MIN_WIN]
+            lost = [size for size in sizes if not _beats(-theirs[size], -mine[size])]
             notes.append(f"batch {'/'.join(map(str, sizes))} timed in turns ({ROUNDS} rounds, p50 ms per call): "
                          f"{rival.row.backend} {_per_size(theirs, sizes)}, {chosen.row.backend} "
                          f"{_per_size(mine, sizes)}: route " + _verdict(sizes, lost))

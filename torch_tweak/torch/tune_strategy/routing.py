@@ -95,9 +95,9 @@ def batch_routes(chosen: Evaluation, evaluations: list[Evaluation], margin: floa
         pick, speed = chosen, own[size]
         for rival in rivals:
             assert rival.sweep is not None
-            m = rival.sweep.at(size)
             if (id(rival), size) in refused:
                 continue
+            m = rival.sweep.at(size)
             if m is not None and m.throughput >= route_margin(rival, margin, chosen) * own[size] and m.throughput > speed:
                 pick, speed = rival, m.throughput
         assignment.append(pick)
