@@ -133,6 +133,22 @@ def test_torchao_is_skipped_on_a_graph_whose_linear_layers_do_almost_none_of_the
                                     "multiply-adds, and compiles the rest like TorchInductorBackend(), measured above")
 
 
+@pytest.mark.parametrize(("model", "sample", "order"), [
+    (mlp, torch.randn(2, 8), ["TorchAOBackend", "TorchInductorBackend", "TorchInductorAOTBackend"]),
+    (cnn, torch.randn(2, 3, 16, 16), ["TorchInductorBackend", "TorchInductorAOTBackend", "TorchAOBackend"]),
+], ids=["linear-layers-do-the-work", "a-cnn"])
+def test_candidates_take_turns_cheapest_first_but_torchao_before_inductor_where_linear_layers_count(
+        model, sample, order) -> None:
+    templates = [TorchInductorAOTBackend(), TorchAOBackend(), TorchInductorBackend(), OpenVINOBackend()]
+    task = _Task(model(), sample)
+    turns = [type(t).__name__ for t, _ in tt.HighestThroughputStrategy(templates)._templates(task)]
+    assert turns == ["TorchEagerBackend", "OpenVINOBackend", *order]
+    assert "linear_share" in task.probed  # kept for a rerun like the other probes
+    in_cost_order = tt.HighestThroughputStrategy(templates, skip_stand_ins=False)._templates(_Task(model(), sample))
+    assert [type(t).__name__ for t, _ in in_cost_order][2:] == [  # equal costs keep the given order
+        "TorchInductorBackend", "TorchInductorAOTBackend", "TorchAOBackend"]
+
+
 class _RecordedTask(_Task):
     """The part of a GraphTask that ``kernel_time`` reads: recorded samples with their batch sizes."""
 

@@ -152,7 +152,7 @@ def start_builds_ahead(strategy: Any, task: GraphTask, executor: Executor | None
     ahead, or the executor has no background worker)."""
     if executor is None or shared is None:
         return None
-    unbuilt = [(t, role) for t, role in strategy._templates()
+    unbuilt = [(t, role) for t, role in strategy._templates(task)
                if cache is None or cache.load(cache.key(t, role)) is None]
     if not any(type(t).rebuilds_from_files for t, _ in unbuilt):  # no conversion to overlap (OpenVINO, ONNX
         return None  # Runtime and eager results reused): a background worker would only compete with the rest

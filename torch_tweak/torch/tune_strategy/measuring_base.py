@@ -189,11 +189,12 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Conte
 
     # the tuning flow --------------------------------------------------------------------------
 
-    def _templates(self) -> list[tuple[Backend, str]]:
-        """The baseline, then the candidates cheapest build first (stable: equal costs keep their order)."""
+    def _templates(self, task: GraphTask) -> list[tuple[Backend, str]]:
+        """The baseline, then the candidates cheapest build first (stable: equal costs keep their order), except
+        where a stand-in rule wants another turn order on ``task``'s graph (``StandIns._turn_order``)."""
         baseline_key = self.baseline.key()
         others = sorted((t for t in self.candidates() if t.key() != baseline_key), key=build_cost)
-        return [(self.baseline, BASELINE), *((t, "candidate") for t in others)]
+        return [(self.baseline, BASELINE), *self._turn_order([(t, "candidate") for t in others], task)]
 
     def _plan(self, task: GraphTask) -> Plan:
         spec = task.graph_spec
@@ -261,7 +262,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Conte
         """Evaluate the baseline and every candidate (reused, skipped, in process or by ``executor``; those
         ``ahead`` builds in the background wait for that build)."""
         evaluations: list[Evaluation] = []
-        queue = self._templates()
+        queue = self._templates(task)
         seen = {template.key() for template, _ in queue}
         prefetched: dict[str, Pending] = {}
         while queue:

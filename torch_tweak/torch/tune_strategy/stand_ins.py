@@ -36,8 +36,16 @@ tens of seconds (a ResNet-50 on 2 cores: TorchAO 39 s, Inductor 61 s, Inductor A
   built. A BERT-base whose int8 OpenVINO candidate ran 7x eager spent 37-49 s compiling Inductor for 0.7-1.1x
   eager. With freezing or autotuning switched on in Inductor's process-wide config, no bound applies.
 
+Turn order: candidates take their turns cheapest build first, but TorchAO goes before Inductor (JIT and AOT) on a
+graph whose ``nn.Linear`` layers do at least :data:`LINEAR_SHARE` of the multiply-adds (:meth:`StandIns._turn_order`).
+No measurement can skip TorchAO there, while Inductor's kernel bound often skips it once the others are measured;
+and the background worker builds ahead in turn order. A BERT-base spent 48 s building Inductor ahead, which its
+turn then skipped (eager's kernels took 91 % of a call), while TorchAO's build waited behind it, and the main worker
+then waited 48 s for TorchAO. On a CNN (its classifier does 0.05 % of a ResNet-50's multiply-adds) Inductor goes
+first, as TorchAO is skipped once Inductor was measured.
+
 A skipped candidate is a ``skipped`` row naming what stood in for it. ``skip_stand_ins=False`` on a measuring
-strategy builds every candidate.
+strategy builds every candidate, in cost order.
 """
 
 from __future__ import annotations
@@ -144,6 +152,22 @@ class StandIns:
             else:
                 reason = self._kernel_bound_reason(task, evaluations)
         return None if reason is None else skipped_row(template, role, reason)
+
+    def _turn_order(self, templates: list[tuple[Backend, str]], task: GraphTask) -> list[tuple[Backend, str]]:
+        """``templates`` (in cost order) with TorchAO's turns moved just before the first Inductor turn when the graph's
+        ``nn.Linear`` layers do at least :data:`LINEAR_SHARE` of its multiply-adds (see the module docstring)."""
+        names = [type(t).__name__ for t, _ in templates]
+        inductors = [i for i, name in enumerate(names) if name in (_INDUCTOR, _AOT)]
+        if not self.skip_stand_ins or not inductors or all(
+                i < inductors[0] for i, name in enumerate(names) if name == _TORCHAO):
+            return templates
+        share = probed_linear_share(task)
+        if share is None or share < LINEAR_SHARE:
+            return templates
+        torchao = [pair for pair, name in zip(templates, names, strict=True) if name == _TORCHAO]
+        rest = [pair for pair, name in zip(templates, names, strict=True) if name != _TORCHAO]
+        first = next(i for i, (t, _) in enumerate(rest) if type(t).__name__ in (_INDUCTOR, _AOT))
+        return [*rest[:first], *torchao, *rest[first:]]
 
     def _probe_row(self, template: Backend, role: str, task: GraphTask) -> CandidateReport | None:
         """The ``skipped`` row of TorchAO's default when its int8 layer, timed where the candidate is built (a
