@@ -451,6 +451,29 @@ def test_a_build_reuses_the_model_exported_from_the_same_weights_and_exports_aga
     torch.testing.assert_close(changed.infer(x), model(x), rtol=1e-4, atol=1e-5)
 
 
+def test_a_twin_that_differs_in_threads_only_shares_the_outputs_key_and_copies_the_exported_model(tmp_path, caplog):
+    def outputs_key(**fields) -> str | None:
+        return ONNXRuntimeBackend(ONNXRuntimeBackendConfig(**fields)).outputs_key()
+
+    assert outputs_key() == outputs_key(intra_op_num_threads=1) == outputs_key(execution_mode="parallel")
+    assert outputs_key() != outputs_key(quantization="int8_dynamic")
+    assert outputs_key() != outputs_key(graph_optimization_level="basic")
+    first, spec, samples, model = build("mlp", tmp_path / "graph" / "ONNXRuntimeBackend_a")
+    twin = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(intra_op_num_threads=1))
+    with caplog.at_level("INFO", logger="torch_tweak"):
+        twin.build(model, spec, [s.sample for s in samples], CPU, tmp_path / "graph" / "ONNXRuntimeBackend_b")
+    assert "Reusing the ONNX model of" in caplog.text and twin._session.threads == 1
+    copied = tmp_path / "graph" / "ONNXRuntimeBackend_b" / "onnxruntime" / "model.onnx"
+    assert copied.read_bytes() == (tmp_path / "graph" / "ONNXRuntimeBackend_a" / "onnxruntime" / "model.onnx").read_bytes()
+    for sample in samples:
+        assert_close(twin.infer(*sample.args), sample.outputs)
+    other = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(graph_optimization_level="basic"))  # another model: exported
+    caplog.clear()
+    with caplog.at_level("INFO", logger="torch_tweak"):
+        other.build(model, spec, [s.sample for s in samples], CPU, tmp_path / "graph" / "ONNXRuntimeBackend_c")
+    assert "Reusing" not in caplog.text
+
+
 @pytest.mark.parametrize("saturates", [True, False])
 def test_int8_weights_take_seven_bits_where_int8_kernels_saturate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                   saturates: bool) -> None:

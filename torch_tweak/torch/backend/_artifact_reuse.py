@@ -13,6 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,7 @@ from torch import nn
 
 from torch_tweak.torch.module.digest import weights_digest
 from torch_tweak.torch.module.spec import GraphSpec
-from torch_tweak.utils.permissions import secure_file
+from torch_tweak.utils.permissions import secure_file, secure_mkdir
 
 logger = logging.getLogger(__name__)
 
@@ -66,3 +69,24 @@ def record(folder: Path, fp: str | None) -> None:
 def forget(folder: Path) -> None:
     """Remove ``folder``'s fingerprint (before its files change)."""
     (folder / FINGERPRINT_NAME).unlink(missing_ok=True)
+
+
+def copy_files(source: Path, target: Path, names: Iterable[str]) -> bool:
+    """Copy the files ``names`` of ``source`` (another candidate's build folder) into ``target``, each written as a
+    partial file first and moved into place; False, with no partial file left, if one cannot be copied. The caller
+    checks the fingerprint of ``source`` and records its own after."""
+    partials = []
+    try:
+        secure_mkdir(target)
+        for name in names:
+            partial = target / f"{name}.partial"
+            partials.append(partial)
+            shutil.copyfile(source / name, partial)
+            secure_file(partial)
+            os.replace(partial, target / name)
+    except OSError as exc:
+        logger.debug("Could not copy %s from %s to %s: %s", ", ".join(names), source, target, exc)
+        for partial in partials:
+            partial.unlink(missing_ok=True)
+        return False
+    return True

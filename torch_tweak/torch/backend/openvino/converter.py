@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import torch
 from torch import nn
 
 from torch_tweak.errors import BackendUnavailableError, ConversionError
-from torch_tweak.torch.backend._artifact_reuse import FINGERPRINT_NAME, forget, matches, record
+from torch_tweak.torch.backend._artifact_reuse import FINGERPRINT_NAME, copy_files, forget, matches, record
 from torch_tweak.torch.backend._artifact_reuse import fingerprint as artifact_fingerprint
 from torch_tweak.torch.backend._export import FlatForward, example_leaves, export_program
 from torch_tweak.torch.module.forward import pristine
@@ -152,21 +151,10 @@ def copy_ir(source: Path, ir_dir: Path, fp: str) -> Path | None:
     """Copy the IR in ``source`` (saved with fingerprint ``fp``) into ``ir_dir``; None if it cannot be copied."""
     if cached_ir(source, fp) is None:
         return None
-    fp_file = ir_dir / FINGERPRINT_NAME
-    try:
-        secure_mkdir(ir_dir)
-        forget(ir_dir)
-        for name in (OV_MODEL_BIN_NAME, OV_MODEL_XML_NAME):
-            partial = ir_dir / f"{name}.partial"
-            shutil.copyfile(source / name, partial)
-            secure_file(partial)
-            os.replace(partial, ir_dir / name)
-        record(ir_dir, fp)
-    except OSError as exc:
-        logger.debug("Could not copy the OpenVINO IR from %s to %s: %s", source, ir_dir, exc)
-        for path in (fp_file, *(ir_dir / f"{n}.partial" for n in (OV_MODEL_BIN_NAME, OV_MODEL_XML_NAME))):
-            path.unlink(missing_ok=True)
+    forget(ir_dir)
+    if not copy_files(source, ir_dir, (OV_MODEL_BIN_NAME, OV_MODEL_XML_NAME)):
         return None
+    record(ir_dir, fp)
     return ir_dir / OV_MODEL_XML_NAME
 
 
