@@ -41,8 +41,9 @@ graph whose ``nn.Linear`` layers do at least :data:`LINEAR_SHARE` of the multipl
 No measurement can skip TorchAO there, while Inductor's kernel bound often skips it once the others are measured;
 and the background worker builds ahead in turn order. A BERT-base spent 48 s building Inductor ahead, which its
 turn then skipped (eager's kernels took 91 % of a call), while TorchAO's build waited behind it, and the main worker
-then waited 48 s for TorchAO (from empty compiler caches, back to back: 149 s before, 130 s after). On a CNN (its classifier does 0.05 % of a ResNet-50's multiply-adds) Inductor goes
-first, as TorchAO is skipped once Inductor was measured.
+then waited 48 s for TorchAO (its tuning, from empty compiler caches and back to back: 149 s before, 130 s after).
+On a CNN (its classifier does 0.05 % of a ResNet-50's multiply-adds) Inductor goes first, as TorchAO is skipped
+once Inductor was measured.
 
 A skipped candidate is a ``skipped`` row naming what stood in for it. ``skip_stand_ins=False`` on a measuring
 strategy builds every candidate, in cost order.
