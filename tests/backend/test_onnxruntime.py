@@ -474,6 +474,26 @@ def test_a_twin_that_differs_in_threads_only_shares_the_outputs_key_and_copies_t
     assert "Reusing" not in caplog.text
 
 
+def test_a_twin_whose_model_cannot_be_copied_exports_its_own(tmp_path: Path, caplog) -> None:
+    from torch_tweak.torch.backend._artifact_reuse import copy_files
+
+    source = tmp_path / "files"
+    source.mkdir()
+    (source / "model.onnx").write_bytes(b"graph")
+    assert copy_files(source, tmp_path / "whole", ["model.onnx"])
+    assert (tmp_path / "whole" / "model.onnx").read_bytes() == b"graph"
+    assert not copy_files(source, tmp_path / "part", ["model.onnx", "model.onnx.data"])  # the second is missing
+    assert not any(p.name.endswith(".partial") for p in (tmp_path / "part").iterdir())
+    first, spec, samples, model = build("mlp", tmp_path / "graph" / "ONNXRuntimeBackend_a")
+    (tmp_path / "graph" / "ONNXRuntimeBackend_a" / "onnxruntime" / "model.onnx").unlink()  # its fingerprint stays
+    twin = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(intra_op_num_threads=1))
+    with caplog.at_level("INFO", logger="torch_tweak"):
+        twin.build(model, spec, [s.sample for s in samples], CPU, tmp_path / "graph" / "ONNXRuntimeBackend_b")
+    assert "Reusing" not in caplog.text
+    for sample in samples:
+        assert_close(twin.infer(*sample.args), sample.outputs)
+
+
 @pytest.mark.parametrize("saturates", [True, False])
 def test_int8_weights_take_seven_bits_where_int8_kernels_saturate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                   saturates: bool) -> None:
