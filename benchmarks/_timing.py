@@ -1,4 +1,4 @@
-"""Shared timing helpers for the benchmark scripts (median of blocks, spread, paired blocks, machine load)."""
+"""Shared helpers for the benchmark scripts (median of blocks, spread, paired blocks, machine load, CPU)."""
 
 from __future__ import annotations
 
@@ -63,3 +63,11 @@ def paired_blocks(direct: Callable[[], Any], tuned: Callable[[], Any], calls: in
         "extra": statistics.median(diffs),
         "ratio": statistics.median(ratios),
     }
+
+
+def cpu_description() -> str:
+    """The CPU model and its vector and matrix ISA flags, for the head of a benchmark's output."""
+    from torch_tweak.torch.environment import cpu_info, isa_flags
+
+    flags = [f for f in (isa_flags() or []) if f.startswith(("avx512", "amx", "avx_vnni"))]
+    return f"{cpu_info().model}; ISA: {', '.join(flags) or 'no AVX-512/AMX'}"

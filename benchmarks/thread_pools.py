@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from _timing import cpu_description
+
 BLOCK_S = 0.3
 
 
@@ -93,13 +95,6 @@ def measure(rounds: int, work_mb: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def _cpu() -> str:
-    from torch_tweak.torch.environment import cpu_info, isa_flags
-
-    flags = [f for f in (isa_flags() or []) if f.startswith(("avx512", "amx", "avx_vnni", "avx2"))]
-    return f"{cpu_info().model}, {os.cpu_count()} CPUs; ISA: {', '.join(flags) or 'none listed'}"
-
-
 def _child(rounds: int, work_mb: int, passive: bool) -> dict[str, float]:
     env = {**os.environ}
     env.pop("OMP_WAIT_POLICY", None)
@@ -126,7 +121,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.rounds, args.work_mb)))
         return
-    print(f"CPU: {_cpu()}; load average {os.getloadavg()[0]:.2f}; work {args.work_mb} MB")
+    print(f"CPU: {cpu_description()}, {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}; work {args.work_mb} MB")
     print("| environment | tuned call ms | torch op ms | torch op + tuned: extra | numpy op + tuned: extra "
           "| eager call ms | torch op + eager: extra |")
     print("|---|---|---|---|---|---|---|")

@@ -46,6 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _timing import cpu_description
+
 ROOT = Path(__file__).resolve().parent.parent
 RAY_ADDRESS = "TUNING_COST_RAY_ADDRESS"  # the local cluster's address, for the tuning processes
 WORKLOADS = ("demo_cnn", "demo_encoder")
@@ -169,14 +171,6 @@ def _serve(workload: str, cache: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _cpu() -> str:
-    from torch_tweak.torch.environment import cpu_info, isa_flags
-
-    info = cpu_info()
-    flags = [f for f in (isa_flags() or []) if f.startswith(("avx512", "amx", "avx_vnni"))]
-    return f"{info.model}; ISA: {', '.join(flags) or 'no AVX-512/AMX'}"
-
-
 def _prepare_peer_workload(workload: str, run_dir: str, tune_samples: int) -> None:
     """The peer workload's weights and inputs, made the way benchmarks/peers.py makes them (in a subprocess)."""
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); from pathlib import Path; "
@@ -248,7 +242,7 @@ def main() -> None:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
         os.environ[RAY_ADDRESS] = ray.get_runtime_context().gcs_address
         executor = "ray (a local cluster, 2 CPUs)"
-    lines = [f"CPU: {_cpu()}; executor: {executor}; load average at start {os.getloadavg()[0]:.1f}", "",
+    lines = [f"CPU: {cpu_description()}; executor: {executor}; load average at start {os.getloadavg()[0]:.1f}", "",
              "| workload | run | wall s | x first | tuning process peak RSS MB | worker peak RSS MB | reused rows | "
              "chosen (throughput) |",
              "|---|---|---|---|---|---|---|---|"]

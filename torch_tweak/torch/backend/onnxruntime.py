@@ -254,20 +254,17 @@ class ONNXRuntimeBackend(Backend):
         model = folder / MODEL_NAME
         if model.is_file() and matches(cache_dir, fp):  # built before from the same weights, graph and settings
             self._logger.info("Reusing the ONNX model in %s (same weights, graph and settings)", folder)
-        elif self._copy_twin(cache_dir, folder, fp):
-            record(cache_dir, fp)
         else:
             forget(cache_dir)  # the fingerprint sits beside the model folder, which holds only the model's files
-            for stale in folder.iterdir():  # a previous build's files: the folder holds one model
-                if stale.is_file():
-                    stale.unlink()
-            if self._config.quantization is None:
-                model = export_onnx(module, graph_spec, data, model, cache_dir)
-            else:
-                exported = export_onnx(module, graph_spec, data, cache_dir / EXPORTED_NAME, cache_dir)
-                model = quantize_int8_dynamic(exported, model, cache_dir)
-                for path in (exported, exported.with_name(EXPORTED_NAME + ".data")):
-                    path.unlink(missing_ok=True)  # the fp32 model is not used once quantized
+            _clear(folder)
+            if not self._copy_twin(cache_dir, folder, fp):
+                if self._config.quantization is None:
+                    model = export_onnx(module, graph_spec, data, model, cache_dir)
+                else:
+                    exported = export_onnx(module, graph_spec, data, cache_dir / EXPORTED_NAME, cache_dir)
+                    model = quantize_int8_dynamic(exported, model, cache_dir)
+                    for path in (exported, exported.with_name(EXPORTED_NAME + ".data")):
+                        path.unlink(missing_ok=True)  # the fp32 model is not used once quantized
             record(cache_dir, fp)
         external = [p.name for p in folder.iterdir() if p != model]
         self._model = folder if external else model  # weights over 2 GiB are external files beside the model
@@ -277,17 +274,14 @@ class ONNXRuntimeBackend(Backend):
     def _copy_twin(self, cache_dir: Path, folder: Path, fp: str | None) -> bool:
         """Copy into ``folder`` the model another candidate of this graph built with fingerprint ``fp`` (a twin that
         differs in threads or execution mode only), instead of exporting again (a BERT-base: 10 s)."""
-        forget(cache_dir)
         for sibling in sorted(cache_dir.parent.glob(f"{type(self).__name__}_*")) if fp is not None else ():
             source = sibling / folder.name
             if sibling == cache_dir or not matches(sibling, fp) or not (source / MODEL_NAME).is_file():
                 continue
-            for stale in folder.iterdir():
-                if stale.is_file():
-                    stale.unlink()
             if copy_files(source, folder, sorted(p.name for p in source.iterdir() if p.is_file())):
                 self._logger.info("Reusing the ONNX model of %s (same weights, graph and settings)", sibling)
                 return True
+            _clear(folder)  # what a failed copy left
         return False
 
     def _load(self, building: bool) -> None:
@@ -350,6 +344,13 @@ class ONNXRuntimeBackend(Backend):
             raise CheckpointError(f"The ONNX model {backend._model} does not exist; the checkpoint is incomplete or the "
                                   "cache folder was cleaned. Tune the module again or restore the files.")
         return backend
+
+
+def _clear(folder: Path) -> None:
+    """Remove a previous build's files from ``folder``, which holds one model."""
+    for stale in folder.iterdir():
+        if stale.is_file():
+            stale.unlink()
 
 
 def _model_file(artifact: Path) -> Path:

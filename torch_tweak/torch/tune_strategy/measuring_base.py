@@ -190,8 +190,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Conte
     # the tuning flow --------------------------------------------------------------------------
 
     def _templates(self, task: GraphTask) -> list[tuple[Backend, str]]:
-        """The baseline, then the candidates cheapest build first (stable: equal costs keep their order), except
-        where a stand-in rule wants another turn order on ``task``'s graph (``StandIns._turn_order``)."""
+        """The baseline, then the candidates cheapest build first, in the order ``StandIns._turn_order`` gives."""
         baseline_key = self.baseline.key()
         others = sorted((t for t in self.candidates() if t.key() != baseline_key), key=build_cost)
         return [(self.baseline, BASELINE), *self._turn_order([(t, "candidate") for t in others], task)]
