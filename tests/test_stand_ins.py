@@ -88,6 +88,36 @@ def _measured(template, ms_at: dict[int, float], status: str = "passed") -> Eval
     return Evaluation("candidate", row, None, sweep, None, template=template)
 
 
+def test_a_thread_limited_candidate_is_skipped_once_its_every_core_twin_took_a_millisecond_or_more() -> None:
+    from torch_tweak.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+    def measured(template, *call_ms: float) -> Evaluation:
+        row = CandidateReport(backend=template.describe(), key=template.key(), status="passed")
+        sweep = SweepResult([Measurement(2 ** i, [ms] * 5) for i, ms in enumerate(call_ms)])
+        return Evaluation("candidate", row, None, sweep, None, template=template)
+
+    strategy = tt.HighestThroughputStrategy()
+    one = OpenVINOBackend(OpenVINOBackendConfig(num_threads=1))
+    assert one.every_core_twin().key() == OpenVINOBackend().key() and OpenVINOBackend().every_core_twin() is None
+    row = strategy._stand_in_row(one, "candidate", None, [measured(OpenVINOBackend(), 1.5, 4.0)])
+    assert row is not None and row.status == "skipped"
+    assert row.error == ("skipped: it runs the model of OpenVINOBackend() on fewer threads, and that one's shortest "
+                         "call took 1.50 ms: calls of 1 ms or more spend their time in work that threads share, not "
+                         "in handing it over; pass skip_stand_ins=False to the strategy to build it anyway")
+    # short calls, or no measurement of the twin yet: measured like any candidate
+    assert strategy._stand_in_row(one, "candidate", None, [measured(OpenVINOBackend(), 0.05, 1.2)]) is None
+    assert strategy._stand_in_row(one, "candidate", None, []) is None
+    # the twin is the one with the same settings: the int8 model's, not the float one's
+    int8_one = OpenVINOBackend(OpenVINOBackendConfig(quantization="int8", num_threads=1))
+    assert strategy._stand_in_row(int8_one, "candidate", None, [measured(OpenVINOBackend(), 3.0)]) is None
+    int8 = OpenVINOBackend(OpenVINOBackendConfig(quantization="int8"))
+    assert strategy._stand_in_row(int8_one, "candidate", None, [measured(int8, 3.0)]).status == "skipped"
+    ort_one = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(intra_op_num_threads=1))
+    assert strategy._stand_in_row(ort_one, "candidate", None, [measured(ONNXRuntimeBackend(), 2.0)]).status == "skipped"
+    off = tt.HighestThroughputStrategy(skip_stand_ins=False)
+    assert off._stand_in_row(one, "candidate", None, [measured(OpenVINOBackend(), 1.5)]) is None
+
+
 def test_inductor_aot_is_skipped_when_jit_without_its_overhead_would_still_lag_the_best() -> None:
     strategy = tt.HighestThroughputStrategy()
     best = _measured(tt.backend.TorchEagerBackend(), {1: 40.0, 32: 1300.0})  # the fastest so far, at both ends

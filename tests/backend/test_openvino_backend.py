@@ -164,6 +164,9 @@ def test_config_defaults_describe_key_round_trip() -> None:
         ({"performance_hint": None}, "THROUGHPUT"),
         ({"use_dynamo": "yes"}, "use_dynamo"),
         ({"inference_precision": "int8"}, "'bf16'"),
+        ({"num_threads": 0}, "num_threads must be"),
+        ({"num_threads": True}, "num_threads must be"),
+        ({"num_threads": "1"}, "num_threads must be"),
     ],
 )
 def test_config_validation(kwargs: dict, message: str) -> None:
@@ -294,6 +297,43 @@ def test_performance_hints(hint: str, use_dynamo: bool, tmp_path: Path) -> None:
     assert backend._compiled_model.get_property("PERFORMANCE_HINT") == hint
     for sample in samples:
         assert_close(backend.infer(*sample.args), sample.outputs)
+
+
+def test_one_thread_shares_the_ir_of_its_every_core_twin_and_compiles_it_for_one_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    one = OpenVINOBackendConfig(num_threads=1, **F32)
+    assert OpenVINOBackend(one).describe() == "OpenVINOBackend(inference_precision=f32,num_threads=1)"
+    assert OpenVINOBackend(one).outputs_key() == OpenVINOBackend(OpenVINOBackendConfig(**F32)).outputs_key()
+    assert OpenVINOBackend(one).key() != OpenVINOBackend(OpenVINOBackendConfig(**F32)).key()
+    model = mlp()
+    ((spec, samples),) = record(model, MODELS["mlp"][1]())
+    all_cores = OpenVINOBackend(OpenVINOBackendConfig(**F32))
+    all_cores.build(model, spec, [s.sample for s in samples], CPU, tmp_path / "OpenVINOBackend_a")
+    from torch_tweak.torch.backend.openvino import converter
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the sibling's IR should have been copied")
+
+    monkeypatch.setattr(converter, "to_ov_model", fail)
+    backend = OpenVINOBackend(one)
+    backend.build(model, spec, [s.sample for s in samples], CPU, tmp_path / "OpenVINOBackend_b")
+    assert int(backend._compiled_model.get_property("INFERENCE_NUM_THREADS")) == 1
+    assert int(all_cores._compiled_model.get_property("INFERENCE_NUM_THREADS")) != 1
+    for sample in samples:
+        assert_close(backend.infer(*sample.args), sample.outputs)
+    loaded = OpenVINOBackend.from_dict(None, json.loads(json.dumps(backend.to_dict(), default=str)))
+    loaded.deploy(CPU)
+    assert loaded._config == one and int(loaded._compiled_model.get_property("INFERENCE_NUM_THREADS")) == 1
+    assert_close(loaded.infer(*samples[0].args), samples[0].outputs)
+
+
+def test_one_thread_is_refused_on_xpu_before_converting(tmp_path: Path) -> None:
+    ((spec, samples),) = record(mlp(), MODELS["mlp"][1]())
+    with pytest.raises(UnsupportedDeviceError, match=r"OpenVINOBackend\(num_threads=1\) sets the threads of "
+                                                     r"OpenVINO's CPU plugin, so it runs on cpu only, not on xpu:0"):
+        OpenVINOBackend(OpenVINOBackendConfig(num_threads=1)).build(mlp(), spec, [s.sample for s in samples],
+                                                                    "xpu:0", tmp_path)
+    assert not (tmp_path / "openvino").exists()
 
 
 def test_release_scratch_frees_buffers_and_the_next_call_allocates_again(tmp_path: Path) -> None:

@@ -131,12 +131,19 @@ def test_precision_is_int8_and_no_float_retry() -> None:
     assert OpenVINOBackend().precision_fallback() is not None
 
 
-def test_default_variants_add_int8_only_with_nncf(monkeypatch: pytest.MonkeyPatch) -> None:
-    with_nncf = [(b._config.performance_hint, b._config.quantization) for b in OpenVINOBackend.default_variants()]
-    assert with_nncf == [("LATENCY", None), ("THROUGHPUT", None), ("LATENCY", "int8"), ("THROUGHPUT", "int8")]
+def test_default_variants_add_int8_only_with_nncf_and_one_thread_only_with_more_cores(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def variants() -> list[tuple[str, str | None, int | None]]:
+        return [(b._config.performance_hint, b._config.quantization, b._config.num_threads)
+                for b in OpenVINOBackend.default_variants()]
+
+    monkeypatch.setattr(openvino_backend, "usable_cores", lambda: 2)
+    assert variants() == [("LATENCY", None, None), ("THROUGHPUT", None, None), ("LATENCY", None, 1),
+                          ("LATENCY", "int8", None), ("THROUGHPUT", "int8", None)]
     monkeypatch.setattr(openvino_backend, "nncf_available", lambda: False)
-    without = [(b._config.performance_hint, b._config.quantization) for b in OpenVINOBackend.default_variants()]
-    assert without == [("LATENCY", None), ("THROUGHPUT", None)]
+    assert variants() == [("LATENCY", None, None), ("THROUGHPUT", None, None), ("LATENCY", None, 1)]
+    monkeypatch.setattr(openvino_backend, "usable_cores", lambda: 1)  # one thread is what the plugin uses anyway
+    assert variants() == [("LATENCY", None, None), ("THROUGHPUT", None, None)]
 
 
 def test_missing_nncf_fails_the_build_with_an_install_hint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -169,6 +169,10 @@ class Backend(ABC):
         outputs fail the fidelity check at reduced precision; None when there is no such variant."""
         return None
 
+    def every_core_twin(self) -> Backend | None:
+        """An unbuilt copy on the runtime's default threads when this configuration limits them, else None."""
+        return None
+
     # state machine ----------------------------------------------------------------------------
 
     def build(
@@ -380,10 +384,8 @@ class Backend(ABC):
     def _assert_device(self, device: torch.device | str) -> None:
         device_type = torch.device(normalize_device_string(device)).type
         if device_type not in self._devices:
-            raise UnsupportedDeviceError(
-                f"Backend {self.name} does not support device {str(device)!r}; supported device types: "
-                f"{list(self._devices)}."
-            )
+            raise UnsupportedDeviceError(f"Backend {self.name} does not support device {str(device)!r}; supported "
+                                         f"device types: {list(self._devices)}.")
 
     def _set_device(self, device: torch.device | str | None) -> None:
         if device is None:

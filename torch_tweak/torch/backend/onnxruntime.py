@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from torch_tweak.torch.backend._artifact_reuse import copy_files, fingerprint, f
 from torch_tweak.torch.backend._export import CallLeaves
 from torch_tweak.torch.backend._onnx import export_onnx, quantize_int8_dynamic, require
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
+from torch_tweak.torch.environment import usable_cores
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import TENSOR, Sample, dtype_name, unflatten
 from torch_tweak.utils.permissions import secure_mkdir
@@ -89,14 +89,6 @@ def import_onnxruntime() -> Any:
     return onnxruntime
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask; all of the machine's where there is none)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 class _Session:
     """An ``InferenceSession`` with the mapping from a call's tensors to its inputs and back to the output structure."""
 
@@ -106,7 +98,7 @@ class _Session:
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[
             config.graph_optimization_level])
         options.execution_mode = getattr(ort.ExecutionMode, EXECUTION_MODES[config.execution_mode])
-        options.intra_op_num_threads = config.intra_op_num_threads or usable_cores()
+        options.intra_op_num_threads = config.intra_op_num_threads or usable_cores() or 1
         options.log_severity_level = 3  # errors only: unused-initializer notes are not the user's concern
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.threads = options.intra_op_num_threads
@@ -240,6 +232,12 @@ class ONNXRuntimeBackend(Backend):
         if self._config.quantization is None:
             return None
         return ONNXRuntimeBackend(dataclasses.replace(self._config, quantization=None))
+
+    def every_core_twin(self) -> ONNXRuntimeBackend | None:
+        """The same configuration with ``intra_op_num_threads=None`` (every usable core) when this one sets it."""
+        if self._config.intra_op_num_threads is None:
+            return None
+        return ONNXRuntimeBackend(dataclasses.replace(self._config, intra_op_num_threads=None))
 
     def _build(self, module: nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> Backend:
         import_onnxruntime()

@@ -36,6 +36,13 @@ tens of seconds (a ResNet-50 on 2 cores: TorchAO 39 s, Inductor 61 s, Inductor A
   built. A BERT-base whose int8 OpenVINO candidate ran 7x eager spent 37-49 s compiling Inductor for 0.7-1.1x
   eager. With freezing or autotuning switched on in Inductor's process-wide config, no bound applies.
 
+* A candidate that runs on fewer threads than the runtime would use (OpenVINO's ``num_threads=1``) can win only where
+  a call is mostly the threads' hand-offs between operations, so it is skipped once its every-core twin
+  (:meth:`~torch_tweak.torch.backend.Backend.every_core_twin`) was measured and its shortest call took
+  :data:`THREADS_PAY_OFF_MS` or more. On 2 cores of a Sapphire Rapids Xeon one thread ran 0.72-0.89x as long as
+  two on an MLP 256-512-256 (31-75 µs calls) and 0.85x on a 2-layer BERT of width 128 at batch 1 (0.36 ms), but
+  1.13-2.06x as long on a 4-layer BERT of width 256 (1.4-25 ms).
+
 Turn order: candidates take their turns cheapest build first, but TorchAO goes before Inductor (JIT and AOT) on a
 graph whose ``nn.Linear`` layers do at least :data:`LINEAR_SHARE` of the multiply-adds (:meth:`StandIns._turn_order`).
 No measurement can skip TorchAO there, while Inductor's kernel bound often skips it once the others are measured;
@@ -108,6 +115,8 @@ AOT_MIN_GAIN = 1.02
 KERNEL_GAIN = NOISE
 #: Below this eager call time per-op timing is mostly Python overhead, which a compiler does remove: no bound.
 MIN_CALL_MS = 1.0
+#: A thread-limited candidate is skipped when its every-core twin's shortest measured call took this long or more.
+THREADS_PAY_OFF_MS = 1.0
 _INDUCTOR, _AOT, _TORCHAO = "TorchInductorBackend", "TorchInductorAOTBackend", "TorchAOBackend"
 
 
@@ -127,7 +136,9 @@ class StandIns:
         measured = {e.template.key(): e for e in evaluations if e.template is not None
                     and (e.sweep is not None or e.row.status == CandidateStatus.SCREENED_OUT)}
         reason = None
-        if name == _TORCHAO:
+        if (twin := template.every_core_twin()) is not None:
+            reason = _threads_pay_off_reason(measured.get(twin.key()))
+        elif name == _TORCHAO:
             inductor = measured.get(_default_key(_INDUCTOR))
             share = probed_linear_share(task) if inductor is not None else None
             if inductor is not None and share is not None and share < LINEAR_SHARE:
@@ -258,6 +269,18 @@ def _probed(template: Backend, task: GraphTask) -> tuple[float, str] | None:
     probed candidate, scheduled differently, quantize the same)."""
     key = f"int8_layer:{template.outputs_key() or template.key()}"  # never stored: any value it has was measured
     return probe(task, key, lambda _: True, lambda: int8_layer_slowdown(template, task))  # type: ignore[no-any-return]
+
+
+def _threads_pay_off_reason(twin: Evaluation | None) -> str | None:
+    """Why a thread-limited candidate cannot beat ``twin``, its every-core twin (None: not measured, or short calls)."""
+    if twin is None or twin.sweep is None or not twin.sweep.measurements:
+        return None
+    shortest = min(m.p50_ms for m in twin.sweep.measurements)
+    if shortest < THREADS_PAY_OFF_MS:
+        return None
+    return (f"it runs the model of {twin.row.backend} on fewer threads, and that one's shortest call took "
+            f"{shortest:,.2f} ms: calls of {THREADS_PAY_OFF_MS:g} ms or more spend their time in work that threads "
+            "share, not in handing it over")
 
 
 def _small_matrices_reason(task: GraphTask) -> str | None:
