@@ -123,6 +123,9 @@ class _Session:
         # µs of a 10 µs call on a tiny MLP); the feeds built here always pass those checks, so call the binding.
         binding = getattr(self.session, "_sess", None)
         self._run = binding.run if callable(getattr(binding, "run", None)) else self.session.run
+        # one RunOptions for every call: passing None makes the binding build a default one each time (0.6-0.8 µs of a
+        # 14 µs call, Sapphire Rapids); a run only reads it
+        self._options = ort.RunOptions()
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         leaves = self._leaves(args, kwargs)
@@ -131,7 +134,7 @@ class _Session:
         except (RuntimeError, TypeError, AttributeError):  # autograd, non-CPU, non-tensor leaves
             feed = self._slow_feed(leaves)
         try:
-            arrays = self._run(self._output_names, feed, None)
+            arrays = self._run(self._output_names, feed, self._options)
         except Exception as exc:  # onnxruntime's own exception types, none of them a builtin it documents
             raise self._input_error(leaves, exc) from exc
         outputs = [torch.from_numpy(a) for a in arrays]
@@ -145,7 +148,8 @@ class _Session:
         general = self.__call__
         if not (self._leaves.single_positional and len(self._feeds) == 1 and self._single and not self._casts):
             return lambda *args, **kwargs: general(args, kwargs)
-        name, run, names, from_numpy = self._feeds[0][0], self._run, self._output_names, torch.from_numpy
+        name, run, names, from_numpy, options = (self._feeds[0][0], self._run, self._output_names, torch.from_numpy,
+                                                 self._options)
 
         def serve(*args: Any, **kwargs: Any) -> Any:
             if kwargs or len(args) != 1:
@@ -155,7 +159,7 @@ class _Session:
             except (RuntimeError, TypeError, AttributeError):
                 return general(args, kwargs)
             try:
-                return from_numpy(run(names, feed, None)[0])
+                return from_numpy(run(names, feed, options)[0])
             except Exception as exc:  # as in __call__
                 raise self._input_error(args, exc) from exc
 
