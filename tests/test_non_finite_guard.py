@@ -15,6 +15,7 @@ import importlib.util
 import logging
 import math
 
+import numpy as np
 import pytest
 import torch
 from checkpoint_helpers import rewrite, save_mlp
@@ -87,14 +88,12 @@ def test_openvino_relu_mlp_is_kept_behind_the_guard_and_serves_non_finite_rows_l
     assert {p["status"] for p in row.fidelity["non_finite"]} == {"guarded"}
     assert not internals(wrapped).offloaded  # the guard runs the module's own weights, so they stay
     served = []
-    inner_serving = guard.inner._serving
-
-    def counting_serving():
-        serve = inner_serving()
-        return lambda *a, **k: served.append(a[0].shape[0]) or serve(*a, **k)
-
-    monkeypatch.setattr(guard.inner, "_serving", counting_serving)
+    run = guard.inner._runner._run
+    monkeypatch.setattr(guard.inner._runner, "_run", lambda arrays: served.append(len(arrays[0])) or run(arrays))
     note_state_change()  # the module makes its serving functions again, now through the counter
+    # a one-tensor call is checked on the array the runner feeds OpenVINO, not on a second view of the tensor
+    checked = guard.inner.checked_serving(lambda a: True, None, None)
+    assert checked is not None and guard.serving().__qualname__ == checked.__qualname__
     x = torch.randn(4, 16)
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="torch_tweak.torch.backend.non_finite_guard"):
         assert_like_eager(wrapped(x), reference(x))
@@ -203,6 +202,15 @@ def test_guard_checks_every_floating_input_without_walking_plain_tensor_calls():
                 assert not all_finite([ids, poisoned(t, value).to(dtype)]), (t.shape, dtype, value)
     assert all_finite([torch.full((64, 64), 60000.0).half()])  # 16-bit inputs are summed in float32: no overflow
     assert all_finite([torch.full((2, 3), 1e18), torch.full((2, 3), -1e150, dtype=torch.float64)])  # squares fit
+    # the same test on the numpy view a backend feeds its runtime (the guard's short path)
+    from torch_tweak.torch.backend.non_finite_guard import array_finite
+
+    assert array_finite(np.arange(3)) and array_finite(np.full((2, 2), 60000.0, dtype=np.float16))
+    for value in (math.nan, math.inf, -math.inf):
+        for t in (a, large.detach()):
+            for dtype in (torch.float32, torch.float64, torch.float16):
+                assert not array_finite(poisoned(t, value).to(dtype).numpy()), (t.shape, dtype, value)
+                assert array_finite(t.to(dtype).numpy())
 
 
 def test_guard_round_trips_through_to_dict_and_from_dict(tmp_path):

@@ -109,9 +109,8 @@ class Backend(ABC):
     # properties -------------------------------------------------------------------------------
 
     def compiles_ahead(self) -> bool:
-        """True if a build compiles for tens of seconds into a compiler cache on disk that the same build in another
-        process reuses (Inductor's), and the compile times nothing: a process executor then builds it ahead of its
-        turn in a background worker while other candidates are measured (``tune_strategy/ahead.py``)."""
+        """True if a build compiles for tens of seconds into an on-disk cache another process's same build reuses
+        (Inductor's) and times nothing: a process executor builds it ahead in a background worker (``ahead.py``)."""
         return False
 
     def outputs_key(self) -> str | None:
@@ -124,10 +123,9 @@ class Backend(ABC):
         return f"{self.__class__.__name__}_{key}" if key is not None else None
 
     def int8_layer_calls(self, layer: nn.Linear, activation: torch.Tensor) -> tuple[Callable[[], Any], Callable[[], Any]] | None:
-        """Two calls of ``layer`` on ``activation`` as this configuration would run it, one in float and one quantized
-        as its build quantizes the module; a measuring strategy times them against each other to skip a
-        quantized candidate that cannot be faster here (``tune_strategy/stand_ins.py``). None: no such probe (the
-        default; a configuration that quantizes nothing)."""
+        """Two calls of ``layer`` on ``activation`` as this configuration would run it, in float and quantized as its
+        build quantizes the module, which a strategy times against each other to skip a quantized candidate that
+        cannot be faster here (``tune_strategy/stand_ins.py``); None (the default): no such probe."""
         return None
 
     @property
@@ -152,10 +150,9 @@ class Backend(ABC):
 
     @property
     def quantized(self) -> bool:
-        """True when the backend computes with quantized weights or activations, known before it is built (by
-        default: its :attr:`executed_precision` is one of :data:`QUANTIZED_PRECISIONS`). Tuning then records more
-        of the graph's calls so that the fidelity check also judges inputs no calibration saw. A backend whose
-        precision is known only once built overrides this with what its config says."""
+        """True when the backend computes with quantized weights or activations, known before it is built (by default:
+        its :attr:`executed_precision` is in :data:`QUANTIZED_PRECISIONS`; a backend whose precision is known only
+        once built reads its config). Tuning then records more calls: the check sees inputs calibration did not."""
         return self.executed_precision in QUANTIZED_PRECISIONS
 
     @property
@@ -278,6 +275,12 @@ class Backend(ABC):
         """The serving function of an active backend: ``_infer`` unless a backend has a shorter path."""
         return self._infer
 
+    def checked_serving(self, array_ok: Callable[[Any], bool], refused: Callable[..., Any],
+                        other: Callable[..., Any]) -> Callable[..., Any] | None:
+        """For the non-finite guard: a serving function that gives a one-tensor call's numpy view to ``array_ok``, hands
+        a refused call to ``refused(args, kwargs)``, any other to ``other``; None (default): no view taken anyway."""
+        return None
+
     # description and serialization ------------------------------------------------------------
 
     @classmethod
@@ -290,15 +293,13 @@ class Backend(ABC):
         return [self]
 
     def release_scratch(self) -> None:
-        """Free what the runtime keeps between calls for the largest inputs it has seen (activation buffers); the
-        next call allocates what it needs again. Strategies call it on the backends they built in the tuning
-        process once those are checked, so that process does not keep every checked batch size's buffers of
-        every candidate that serves (by default there is nothing to free)."""
+        """Free what the runtime keeps between calls for the largest inputs it has seen (activation buffers; the next
+        call allocates again), so that the tuning process does not keep every checked size's buffers of every
+        candidate that serves. By default there is nothing to free."""
         return None
 
     def unsafe_settings(self) -> list[str]:
-        """Settings of this backend (and its components) that a checkpoint must not carry: see
-        :meth:`BackendConfig.unsafe_settings`."""
+        """Settings of it and its components a checkpoint must not carry (:meth:`BackendConfig.unsafe_settings`)."""
         found: list[str] = []
         for backend in self.components():
             config = getattr(backend, "_config", None)

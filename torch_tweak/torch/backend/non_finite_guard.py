@@ -56,9 +56,7 @@ _MAX_REASON = 600
 _Tensor = torch.Tensor
 _INLINE = 32768  # torch reduces fewer elements on the calling thread (at::internal::GRAIN_SIZE): no pool wakes up
 _NUMPY = (torch.float32, torch.float64, torch.float16)  # dtypes numpy can view without a copy
-_DOT = (torch.float32, torch.float64)  # checked by their dot product with themselves (BLAS)
 _WIDEN = (torch.float16, torch.bfloat16)  # summed in float32 so that a large finite input does not overflow
-_NUMPY_SUM = {torch.float16: np.float32}  # the same for numpy's sums
 _vdot = np.vdot  # flattens by itself: 1.1-1.4 µs against 1.3-1.9 µs for reshape(-1) and dot (1x16, 32x256 floats)
 
 
@@ -69,18 +67,22 @@ def all_finite(tensors: Sequence[Any]) -> bool:
         if not isinstance(t, _Tensor) or not t.is_floating_point():
             continue
         if t.is_cpu and t.dtype in _NUMPY and type(t) is _Tensor:
-            array = (t.detach() if t.requires_grad else t).numpy()
-            if array.size >= _INLINE:
-                if not np.isfinite(array).all():
-                    return False
-            elif t.dtype in _DOT:
-                if not math.isfinite(_vdot(array, array)):
-                    return False
-            elif not math.isfinite(np.add.reduce(array, axis=None, dtype=_NUMPY_SUM.get(t.dtype))):
+            if not array_finite((t.detach() if t.requires_grad else t).numpy()):
                 return False
         elif not math.isfinite((t.sum(dtype=torch.float32) if t.dtype in _WIDEN else t.sum()).item()):
             return False
     return True
+
+
+def array_finite(array: np.ndarray) -> bool:
+    """:func:`all_finite` for one numpy array: True for a non-float one (a backend's view of a call's input)."""
+    if array.dtype.kind != "f":
+        return True
+    if array.size >= _INLINE:
+        return bool(np.isfinite(array).all())
+    if array.dtype.itemsize >= 4:  # float32/64: one BLAS call
+        return math.isfinite(_vdot(array, array))
+    return math.isfinite(np.add.reduce(array, axis=None, dtype=np.float32))
 
 
 def call_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sequence[Any]:
@@ -188,7 +190,8 @@ class NonFiniteGuardBackend(Backend):
                 return inner(*args, **kwargs)
             return divert(args, kwargs)
 
-        return serve
+        # a backend that views a one-tensor call as a numpy array checks that view (1 µs of a 40 µs OpenVINO call)
+        return self._inner.checked_serving(array_finite, divert, serve) or serve
 
     def _divert(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.diverted_calls == 0 and not self._quiet:

@@ -271,6 +271,13 @@ class OpenVINOBackend(Backend):
     def _serving(self) -> Callable[..., Any]:
         return self._runner.serving()  # type: ignore[union-attr]
 
+    def checked_serving(self, array_ok: Callable[[Any], bool], refused: Callable[..., Any],
+                        other: Callable[..., Any]) -> Callable[..., Any] | None:
+        """The runner's short path with ``array_ok`` asked first (see :meth:`Backend.checked_serving`)."""
+        if not self.is_active or self._runner is None:
+            return None
+        return self._runner.checked_serving(array_ok, refused, other)
+
     def _check_device_available(self) -> str:
         name = ov_device_name(self._device)
         if self._config.num_threads is not None and name != "CPU":

@@ -78,20 +78,30 @@ class Runner:
         """``self(args, kwargs)`` as a function of the call. A graph of one positional tensor and one output that
         needs no cast or move, run on one request, skips the general mapping; any other call takes the general path."""
         general = self.__call__
+        return self.checked_serving(None, None, lambda *args, **kwargs: general(args, kwargs)) or \
+            (lambda *args, **kwargs: general(args, kwargs))
+
+    def checked_serving(self, array_ok: Callable[[Any], bool] | None, refused: Callable[..., Any] | None,
+                        other: Callable[..., Any]) -> Callable[..., Any] | None:
+        """The short path of :meth:`serving` (None where it does not apply), which first asks ``array_ok`` (when
+        given) about the call's array and hands a call it refuses to ``refused(args, kwargs)``; calls the short path
+        cannot take go to ``other``."""
         if not (self._leaves.single_positional and self._single and not self._casts and self._device is None
                 and self._split == 1):
-            return lambda *args, **kwargs: general(args, kwargs)
+            return None
         dtype, run = self._dtypes[0], self._run
 
         def serve(*args: Any, **kwargs: Any) -> Any:
             if kwargs or len(args) != 1:
-                return general(args, kwargs)
+                return other(*args, **kwargs)
             try:
                 array = args[0].numpy() if args[0].dtype is dtype else None
             except (RuntimeError, TypeError, AttributeError):
                 array = None
             if array is None:
-                return general(args, kwargs)
+                return other(*args, **kwargs)
+            if array_ok is not None and not array_ok(array):
+                return refused(args, kwargs)  # type: ignore[misc]
             try:
                 return run([array])[0]
             except RuntimeError as exc:
