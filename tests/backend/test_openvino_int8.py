@@ -139,7 +139,7 @@ def test_default_variants_add_int8_only_with_nncf_and_one_thread_only_with_more_
 
     monkeypatch.setattr(openvino_backend, "usable_cores", lambda: 2)
     assert variants() == [("LATENCY", None, None), ("THROUGHPUT", None, None), ("LATENCY", None, 1),
-                          ("LATENCY", "int8", None), ("THROUGHPUT", "int8", None)]
+                          ("LATENCY", "int8", None), ("THROUGHPUT", "int8", None), ("LATENCY", "int8", 1)]
     monkeypatch.setattr(openvino_backend, "nncf_available", lambda: False)
     assert variants() == [("LATENCY", None, None), ("THROUGHPUT", None, None), ("LATENCY", None, 1)]
     monkeypatch.setattr(openvino_backend, "usable_cores", lambda: 1)  # one thread is what the plugin uses anyway

@@ -189,14 +189,15 @@ class OpenVINOBackend(Backend):
         graph a call is mostly the threads' hand-offs between operations. An MLP 256-512-256 on 2 cores of a Sapphire
         Rapids Xeon (bf16) took 33 µs per call at batch 32 on one thread against 46 µs on two (26 against 31 µs at
         batch 1, 66 against 75 µs at batch 128); a 2-layer BERT of width 128 at sequence 64, 0.30 against 0.36 ms at
-        batch 1 but 1.35x longer at batch 8. Measurement decides, and where every-core calls take long the rule in
-        :mod:`~torch_tweak.torch.tune_strategy.stand_ins` skips it."""
-        hints = ("LATENCY", "THROUGHPUT")
+        batch 1 but 1.35x longer at batch 8; the demo's small CNN in int8, 51 against 67 µs at batch 1 and level at
+        batch 4. So int8 LATENCY gets a one-thread twin too. Measurement decides, and where every-core calls take
+        long the rule in :mod:`~torch_tweak.torch.tune_strategy.stand_ins` skips them."""
+        hints, several = ("LATENCY", "THROUGHPUT"), (usable_cores() or 1) > 1
         variants: list[Backend] = [cls(OpenVINOBackendConfig(performance_hint=hint)) for hint in hints]
-        if (usable_cores() or 1) > 1:
-            variants.append(cls(OpenVINOBackendConfig(num_threads=1)))
+        variants += [cls(OpenVINOBackendConfig(num_threads=1))] if several else []
         if nncf_available():
             variants += [cls(OpenVINOBackendConfig(performance_hint=hint, quantization=INT8)) for hint in hints]
+            variants += [cls(OpenVINOBackendConfig(quantization=INT8, num_threads=1))] if several else []
         return variants
 
     def every_core_twin(self) -> OpenVINOBackend | None:
