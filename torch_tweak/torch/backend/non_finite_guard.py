@@ -193,7 +193,7 @@ class NonFiniteGuardBackend(Backend):
                 return inner(*args, **kwargs)
             return divert(args, kwargs)
 
-        # a backend that views a one-tensor call as a numpy array checks that view (1 µs of a 40 µs OpenVINO call)
+        # a backend that views a one-tensor call as a numpy array checks that view (2 µs of a 35 µs OpenVINO call)
         return self._inner.checked_serving(array_finite, divert, serve) or serve
 
     def _divert(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
