@@ -78,8 +78,11 @@ class Runner:
         """``self(args, kwargs)`` as a function of the call. A graph of one positional tensor and one output that
         needs no cast or move, run on one request, skips the general mapping; any other call takes the general path."""
         general = self.__call__
-        return self.checked_serving(None, None, lambda *args, **kwargs: general(args, kwargs)) or \
-            (lambda *args, **kwargs: general(args, kwargs))
+
+        def fallback(*args: Any, **kwargs: Any) -> Any:
+            return general(args, kwargs)
+
+        return self.checked_serving(None, None, fallback) or fallback
 
     def checked_serving(self, array_ok: Callable[[Any], bool] | None, refused: Callable[..., Any] | None,
                         other: Callable[..., Any]) -> Callable[..., Any] | None:
