@@ -478,3 +478,91 @@ def test_openvino_int8_is_built_when_its_int8_layer_is_faster(monkeypatch) -> No
                      batch_sizes=[1, 8], executor="inline")
     row = next(c for c in report.modules[0].graphs[0].candidates if c.role == "candidate")
     assert row.status not in ("skipped", "build_failed") and row.precision == "int8" and len(probed) == 1
+
+
+def _int8_wide() -> tuple[torch.nn.Module, _RecordedTask]:
+    """A graph whose largest nn.Linear call (8 x 512 x 512 = 2.1 M multiply-adds) is large enough for TorchAO."""
+    torch.manual_seed(0)
+    wide = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)).eval()
+    return wide, _RecordedTask(wide, {1: torch.randn(1, 512), 8: torch.randn(8, 512)})
+
+
+@pytest.mark.skipif(not backend_available("TorchAOBackend"), reason="needs torchao")
+def test_torchao_is_skipped_once_a_calibrated_int8_candidate_of_the_graph_was_measured() -> None:
+    from torch_tweak.torch.backend import TorchAOBackendConfig
+    from torch_tweak.torch.tune_strategy.stand_ins import STATIC_INT8_LEAD
+
+    strategy = tt.HighestThroughputStrategy()
+    _, task = _int8_wide()
+    assert strategy._stand_in_row(TorchAOBackend(), "candidate", task, []) is None  # large enough, nothing measured
+    int8 = OpenVINOBackend(OpenVINOBackendConfig(quantization="int8", performance_hint="THROUGHPUT"))
+    for status in ("passed", "screened_out"):
+        row = strategy._stand_in_row(TorchAOBackend(), "candidate", task, [_evaluation(int8, status)])
+        assert row is not None and row.status == "skipped" and row.build_time_s is None
+        assert row.error == (
+            "skipped: its int8 quantizes the same nn.Linear layers as OpenVINOBackend(performance_hint=THROUGHPUT,"
+            "quantization=int8), measured above, but computes each call's activation scales instead of calibrating "
+            f"them once, and leaves the rest of the graph to Inductor: on CPUs it ran at {STATIC_INT8_LEAD} of such a "
+            "candidate's throughput wherever both were measured; pass skip_stand_ins=False to the strategy to build "
+            "it anyway")
+    rejected = Evaluation("candidate", CandidateReport(backend=int8.describe(), key=int8.key(), status="rejected"),
+                          template=int8)  # failed its check: never measured, stands in for nothing
+    weights_only = OpenVINOBackend(OpenVINOBackendConfig(quantization="int8_weights"))  # float activations
+    for others in ([rejected], [_evaluation(OpenVINOBackend(), "passed")], [_evaluation(weights_only, "passed")]):
+        assert strategy._stand_in_row(TorchAOBackend(), "candidate", task, others) is None
+    measured = [_evaluation(int8, "passed")]
+    assert strategy._stand_in_row(TorchAOBackend(TorchAOBackendConfig(quantization="int8wo")), "candidate", task,
+                                  measured) is None  # another quantization: another computation
+    assert tt.HighestThroughputStrategy(skip_stand_ins=False)._stand_in_row(TorchAOBackend(), "candidate", task,
+                                                                            measured) is None
+    task.device = torch.device("xpu")  # measured on CPUs only
+    assert strategy._stand_in_row(TorchAOBackend(), "candidate", task, measured) is None
+
+
+class _Ahead:
+    """The part of BuildsAhead that ``drop_stood_in`` uses: which builds are pending, which were stopped."""
+
+    def __init__(self, *pending) -> None:
+        self.keys = {t.key() for t in pending}
+        self.stopped: list[str] = []
+
+    def pending(self, template) -> bool:
+        return template.key() in self.keys
+
+    def skipped(self, template) -> None:
+        self.keys.discard(template.key())
+        self.stopped.append(template.describe())
+
+
+@pytest.mark.skipif(not backend_available("TorchAOBackend"), reason="needs torchao")
+def test_the_background_build_of_a_stood_in_torchao_stops_when_the_calibrated_candidate_is_measured() -> None:
+    strategy = tt.HighestThroughputStrategy()
+    _, task = _int8_wide()
+    queue = [(TorchAOBackend(), "candidate"), (TorchInductorBackend(), "candidate")]
+    ahead = _Ahead(*(t for t, _ in queue))
+    strategy.drop_stood_in(ahead, queue, task, [_evaluation(OpenVINOBackend(), "passed")])
+    assert ahead.stopped == []  # a float candidate tells nothing about TorchAO
+    int8 = OpenVINOBackend(OpenVINOBackendConfig(quantization="int8"))
+    strategy.drop_stood_in(ahead, queue, task, [_evaluation(int8, "passed")])
+    assert ahead.stopped == ["TorchAOBackend()"]  # Inductor's rules wait for its turn
+    strategy.drop_stood_in(ahead, queue, task, [_evaluation(int8, "passed")])
+    assert ahead.stopped == ["TorchAOBackend()"]  # no longer pending: stopped once
+    strategy.drop_stood_in(None, queue, task, [_evaluation(int8, "passed")])  # no background worker: nothing to do
+
+
+@NEEDS_OV_NNCF
+@pytest.mark.skipif(not backend_available("TorchAOBackend"), reason="needs torchao")
+def test_tuning_skips_torchao_after_openvino_int8_passed(monkeypatch) -> None:
+    _ov_int8_pair(monkeypatch, [], float_s=0.002, int8_s=0.001)  # the int8 layer probe lets OpenVINO int8 be built
+    wide, _ = _int8_wide()
+    strategy = tt.HighestThroughputStrategy([TorchAOBackend(), OpenVINOBackend(OpenVINOBackendConfig(
+        quantization="int8", inference_precision="f32"))])
+    report = tt.tune(tt.Module(wide, name="wide", strategy=strategy), [torch.randn(512) for _ in range(8)],
+                     batch_sizes=[1, 8], executor="inline")
+    rows = [c for c in report.modules[0].graphs[0].candidates if c.role == "candidate"]
+    # the cheaper build takes the first turn (served through the guard: OpenVINO's ReLU turns NaN into numbers)
+    assert [r.backend for r in rows] == ["OpenVINOBackend(inference_precision=f32,quantization=int8) + non-finite "
+                                         "guard", "TorchAOBackend()"]
+    assert rows[0].status in ("passed", "chosen") and rows[0].precision == "int8"
+    assert rows[1].status == "skipped" and rows[1].build_time_s is None
+    assert rows[1].error.startswith("skipped: its int8 quantizes the same nn.Linear layers as OpenVINOBackend(")

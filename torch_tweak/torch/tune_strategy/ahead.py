@@ -125,6 +125,10 @@ class BuildsAhead:
             self._background.start(self._shared, keep_only, (keys,), f"{describe_task(self._task)}: releasing",
                                    first=True)
 
+    def pending(self, template: Backend) -> bool:
+        """Whether ``template`` is queued or being built in the background."""
+        return template.key() in self._tickets
+
     def skipped(self, template: Backend) -> None:
         """``template`` will not be built: its background build is dropped (a running one is stopped)."""
         ticket = self._tickets.pop(template.key(), None)

@@ -256,8 +256,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Conte
         return backend
 
     def _evaluate_all(self, task: GraphTask, plan: Plan, screen: Plan | None, cache: ResultCache | None,
-                      executor: Executor | None, shared: Shared | None,
-                      ahead: BuildsAhead | None = None) -> list[Evaluation]:
+                      executor: Executor | None, shared: Shared | None, ahead: BuildsAhead | None = None) -> list[Evaluation]:
         """Evaluate the baseline and every candidate (reused, skipped, in process or by ``executor``; those
         ``ahead`` builds in the background wait for that build)."""
         evaluations: list[Evaluation] = []
@@ -305,6 +304,7 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Conte
                     cache.store(key, evaluation.row, evaluation.sweep)
             evaluation.template, evaluation.key = template, key
             evaluations.append(evaluation)
+            self.drop_stood_in(ahead, queue, task, evaluations)
             retry = precision_retry(template, evaluation, seen)
             if retry is not None:
                 queue.insert(0, (retry, role))

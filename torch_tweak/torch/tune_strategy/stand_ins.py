@@ -14,6 +14,11 @@ tens of seconds (a ResNet-50 on 2 cores: TorchAO 39 s, Inductor 61 s, Inductor A
   built (the worker; also before its background build), a copy of that largest layer quantized with its config is
   timed against the float layer first, and TorchAO is skipped when int8 is :data:`INT8_PROBE_SLOWDOWN` times
   slower: CPUs without int8 dot-product instructions (AVX2) run its int8 matrix multiply 25x slower than float.
+  Once a calibrated int8 candidate of the graph (next point) passed its check and was measured, TorchAO's default
+  is skipped too: it quantizes the same layers but computes the activations' scales on every call, and Inductor
+  runs the rest; it never ran faster than that candidate in our benchmarks (:data:`STATIC_INT8_LEAD`), and on a
+  BERT-base its compile was 72 of 113 s of tuning. Its background build is stopped as soon as that is known
+  (:meth:`StandIns.drop_stood_in`), not in its turn.
 * A calibrated int8 candidate (OpenVINO's ``quantization="int8"``, and its THROUGHPUT twin) spends tens of seconds
   in NNCF (a BERT-base: 33-38 s on 2 cores). On a graph whose ``nn.Linear`` layers do most of the multiply-adds
   (:data:`LINEAR_DOMINANT`), where it is built, its largest linear call is first compiled in float and quantized by
@@ -59,13 +64,13 @@ strategy builds every candidate, in cost order.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.environment import int8_dot_saturates
 from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.report.status import CandidateStatus
-from torch_tweak.torch.tune_strategy.base import GraphTask
+from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
 from torch_tweak.torch.tune_strategy.graph_probes import probe, probed_kernel_time, probed_linear_share
 from torch_tweak.torch.tune_strategy.linear_calls import (
     int8_layer_slowdown,
@@ -73,6 +78,9 @@ from torch_tweak.torch.tune_strategy.linear_calls import (
 )
 from torch_tweak.torch.tune_strategy.results import BASELINE, NOISE, Evaluation
 from torch_tweak.torch.tune_strategy.screening import best_at_ends
+
+if TYPE_CHECKING:
+    from torch_tweak.torch.tune_strategy.ahead import BuildsAhead
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +123,11 @@ AOT_MIN_GAIN = 1.02
 KERNEL_GAIN = NOISE
 #: Below this eager call time per-op timing is mostly Python overhead, which a compiler does remove: no bound.
 MIN_CALL_MS = 1.0
+#: What TorchAO's default int8 ran at against a calibrated int8 candidate (OpenVINO's ``quantization="int8"``) of the
+#: same graph, best throughput of each, in the 26 benchmark results under ``benchmarks/results`` where both were
+#: measured (MLPs, CNNs and BERT-shaped encoders on 2 cores of AVX2 and AVX-512 VNNI EPYCs and AMX Xeons): never the
+#: faster one.
+STATIC_INT8_LEAD = "0.06-0.79x"
 #: A thread-limited candidate is skipped when its every-core twin's shortest measured call took this long or more.
 THREADS_PAY_OFF_MS = 1.0
 _INDUCTOR, _AOT, _TORCHAO = "TorchInductorBackend", "TorchInductorAOTBackend", "TorchAOBackend"
@@ -145,7 +158,7 @@ class StandIns:
                 reason = (f"it quantizes nn.Linear layers only, which do {share:.2%} of this graph's multiply-adds, "
                           f"and compiles the rest like {inductor.row.backend}, measured above")
             elif template.key() == _default_key(_TORCHAO):
-                reason = _small_matrices_reason(task)
+                reason = self._measured_stand_in(template, task, evaluations) or _small_matrices_reason(task)
         elif name in (_INDUCTOR, _AOT) and template.key() == _default_key(name):
             sibling = measured.get(_default_key(_AOT if name == _INDUCTOR else _INDUCTOR))
             if sibling is not None and sibling.row.status == CandidateStatus.SCREENED_OUT:
@@ -164,6 +177,31 @@ class StandIns:
             else:
                 reason = self._kernel_bound_reason(task, evaluations)
         return None if reason is None else skipped_row(template, role, reason)
+
+    def _measured_stand_in(self, template: Backend, task: GraphTask, evaluations: list[Evaluation]) -> str | None:
+        """Why TorchAO's default is skipped on what other candidates measured, with no probe of the graph: a
+        calibrated int8 candidate of it passed its check and was measured (None: build it)."""
+        if not self.skip_stand_ins or template.key() != _default_key(_TORCHAO) or task.device.type != "cpu":
+            return None
+        static = [e for e in evaluations if e.template is not None and e.template.needs_calibration
+                  and (e.sweep is not None or e.row.status == CandidateStatus.SCREENED_OUT)]
+        if not static:
+            return None
+        return (f"its int8 quantizes the same nn.Linear layers as {static[0].row.backend}, measured above, but "
+                "computes each call's activation scales instead of calibrating them once, and leaves the rest of the "
+                f"graph to Inductor: on CPUs it ran at {STATIC_INT8_LEAD} of such a candidate's throughput wherever "
+                "both were measured")
+
+    def drop_stood_in(self, ahead: BuildsAhead | None, queue: list[tuple[Backend, str]], task: GraphTask,
+                      evaluations: list[Evaluation]) -> None:
+        """Stop the background builds of queued candidates :meth:`_measured_stand_in` already skips: their turn
+        may be minutes away (a BERT-base's TorchAO compile went on for 37 s after its calibrated int8 candidate
+        was measured, on the cores the main worker was using)."""
+        for template, _ in queue if ahead is not None else ():
+            if ahead.pending(template) and self._measured_stand_in(template, task, evaluations) is not None:
+                logger.debug("%s: stopping the background build of %s (stood in for)", describe_task(task),
+                             template.describe())
+                ahead.skipped(template)
 
     def _turn_order(self, templates: list[tuple[Backend, str]], task: GraphTask) -> list[tuple[Backend, str]]:
         """``templates`` (in cost order) with TorchAO's turns moved just before the first Inductor turn when the graph's
