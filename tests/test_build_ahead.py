@@ -369,3 +369,72 @@ def test_a_background_group_dies_with_the_tuning_process_killed_by_sigkill(tmp_p
         tuning.kill()
         if helper is not None and os.path.exists(f"/proc/{helper}") and _state(helper) not in "ZX":
             os.kill(helper, signal.SIGKILL)
+
+
+class _Background:
+    """A Background that runs nothing: it records what BuildsAhead asks of it (tickets 1, 2, ... in queue order)."""
+
+    group = None
+
+    def __init__(self, running: int | None = None, done: tuple[int, ...] = ()) -> None:
+        self.now, self.done, self.calls = running, set(done), []
+
+    def start(self, shared, fn, args, label, first=False) -> int:
+        self.calls.append((fn.__name__, args, first))
+        return 100 + len(self.calls)
+
+    def started(self, ticket: int) -> bool:
+        return ticket in self.done or ticket == self.now
+
+    def running(self, ticket: int) -> bool:
+        return ticket == self.now
+
+    def drop(self, ticket: int) -> None:
+        self.calls.append(("drop", ticket))
+
+    def resume(self) -> None:
+        self.calls.append(("resume",))
+
+
+def _ahead(background: _Background, *names: str):
+    from torch_tweak.torch.tune_strategy.ahead import BuildsAhead
+
+    templates = [BuildsLoggedBackend(name=name) for name in names]
+    task = type("Task", (), {"module_name": "m", "graph_spec": type("Spec", (), {"name": "0"})()})()
+    tickets = {t.key(): i for i, t in enumerate(templates, start=1)}
+    return BuildsAhead(background, Shared(token=1, context=None), tickets, task, None), templates
+
+
+@pytest.mark.parametrize(("names", "running", "done", "calls", "still_pending"), [
+    (["a", "b"], None, (), [("drop", 1)], False),  # queued: dequeued
+    (["a", "b"], 1, (), [], True),  # running with a build queued after it: stopping it would kill that one too
+    (["a"], 1, (), [("drop", 1)], False),  # running, the only build left: the worker is stopped
+    (["a", "b"], 2, (1,), [("drop", 1), ("forget_built", ([BuildsLoggedBackend(name="a").key()],), True)],
+     False),  # built: released in the worker (only it), before its next unit
+], ids=["queued", "running-with-more-queued", "running-alone", "built"])
+def test_a_build_a_stand_in_rule_skips_is_dropped_before_its_turn_unless_that_loses_another(
+        names, running, done, calls, still_pending):
+    background = _Background(running, done)
+    ahead, (a, *_) = _ahead(background, *names)
+    assert ahead.stop(a) == (not still_pending)
+    assert background.calls == calls and ahead.pending(a) == still_pending
+    assert ("resume",) not in background.calls  # queued units stay held: the next build waits for a turn
+
+
+def test_a_running_build_is_not_stopped_while_the_worker_keeps_a_candidate_for_its_sweep():
+    background = _Background(running=1)
+    ahead, (a,) = _ahead(background, "a")
+    ahead._kept.add("swept")
+    assert not ahead.stop(a)
+    assert background.calls == [] and ahead.pending(a)
+
+
+def test_forget_built_releases_only_the_given_builds():
+    from torch_tweak.torch.tune_strategy.isolated import forget_built
+
+    context = type("Context", (), {})()
+    context.built = {"a": (TorchEagerBackend(), 1.0), "b": (TorchEagerBackend(), 2.0)}
+    forget_built(context, ["a", "missing"])
+    assert list(context.built) == ["b"]
+    forget_built(context)
+    assert context.built == {}

@@ -520,7 +520,7 @@ def test_torchao_is_skipped_once_a_calibrated_int8_candidate_of_the_graph_was_me
 
 
 class _Ahead:
-    """The part of BuildsAhead that ``drop_stood_in`` uses: which builds are pending, which were stopped."""
+    """The part of BuildsAhead that ``drop_stood_in`` uses: which builds are pending, which were dropped."""
 
     def __init__(self, *pending) -> None:
         self.keys = {t.key() for t in pending}
@@ -529,9 +529,10 @@ class _Ahead:
     def pending(self, template) -> bool:
         return template.key() in self.keys
 
-    def skipped(self, template) -> None:
+    def stop(self, template) -> bool:
         self.keys.discard(template.key())
         self.stopped.append(template.describe())
+        return True
 
 
 @pytest.mark.skipif(not backend_available("TorchAOBackend"), reason="needs torchao")
@@ -544,7 +545,7 @@ def test_the_background_build_of_a_stood_in_torchao_stops_when_the_calibrated_ca
     assert ahead.stopped == []  # a float candidate tells nothing about TorchAO
     int8 = OpenVINOBackend(OpenVINOBackendConfig(quantization="int8"))
     strategy.drop_stood_in(ahead, queue, task, [_evaluation(int8, "passed")])
-    assert ahead.stopped == ["TorchAOBackend()"]  # Inductor's rules wait for its turn
+    assert ahead.stopped == ["TorchAOBackend()"]  # Inductor's rules have nothing to go on (no eager measured)
     strategy.drop_stood_in(ahead, queue, task, [_evaluation(int8, "passed")])
     assert ahead.stopped == ["TorchAOBackend()"]  # no longer pending: stopped once
     strategy.drop_stood_in(None, queue, task, [_evaluation(int8, "passed")])  # no background worker: nothing to do

@@ -100,6 +100,11 @@ class BackgroundBuilds:
         """Whether the unit is running or done (False: still queued, or dropped)."""
         return ticket in self._outcomes or (self._running is not None and self._running.ticket == ticket)
 
+    def running(self, ticket: int) -> bool:
+        """Whether the worker runs the unit now."""
+        self.watch()
+        return self._running is not None and self._running.ticket == ticket
+
     def drop(self, ticket: int) -> None:
         """Forget a unit: dequeue it, or kill the worker if it runs it (units still queued then fail unstarted:
         a second worker would lead a process group the measuring processes were never told to pause)."""

@@ -126,20 +126,37 @@ class BuildsAhead:
                                    first=True)
 
     def pending(self, template: Backend) -> bool:
-        """Whether ``template`` is queued or being built in the background."""
+        """Whether ``template``'s background build is queued, running or done and not yet taken in its turn."""
         return template.key() in self._tickets
+
+    def stop(self, template: Backend) -> bool:
+        """A stand-in rule skips ``template`` before its turn: its background build is dropped now (dequeued,
+        released, or stopped while it runs), unless stopping it would kill the worker with another build queued or
+        kept there; it then runs on and its turn drops it (:meth:`skipped`). Queued units stay held. Returns
+        whether it was dropped."""
+        ticket = self._tickets.get(template.key())
+        if ticket is None or (self._background.running(ticket) and (self._kept or len(self._tickets) > 1)):
+            return False
+        del self._tickets[template.key()]
+        built = self._background.started(ticket) and not self._background.running(ticket)
+        self._background.drop(ticket)
+        if built:
+            self._background.start(self._shared, forget_built, ([template.key()],),
+                                   f"{describe_task(self._task)}: releasing {template.describe()}", first=True)
+        return True
 
     def skipped(self, template: Backend) -> None:
         """``template`` will not be built: its background build is dropped (a running one is stopped)."""
         ticket = self._tickets.pop(template.key(), None)
         if ticket is not None:
             self._background.drop(ticket)
-            self._forget_built()  # in case it was built already
+            self._forget_built([template.key()])  # in case it was built already
         self._background.resume()
 
-    def _forget_built(self) -> None:
-        """Let the background worker release its builds made ahead, before its next unit, and go on."""
-        self._background.start(self._shared, forget_built, (), f"{describe_task(self._task)}: releasing builds",
+    def _forget_built(self, keys: list[str] | None = None) -> None:
+        """Let the background worker release its builds made ahead (those of ``keys`` only, when given), before its
+        next unit, and go on."""
+        self._background.start(self._shared, forget_built, (keys,), f"{describe_task(self._task)}: releasing builds",
                                first=True)
         self._background.resume()
 

@@ -137,11 +137,12 @@ def build_ahead(context: WorkerContext, template: Backend) -> float | str | None
     return seconds
 
 
-def forget_built(context: WorkerContext) -> None:
-    """In the background worker: release the candidates built ahead (their turns went to the main worker)."""
-    for backend, _ in context.built.values():
-        release_quietly(backend)
-    context.built.clear()
+def forget_built(context: WorkerContext, keys: list[str] | None = None) -> None:
+    """In the background worker: release the candidates built ahead (their turns went to the main worker, or a
+    stand-in rule skips them), those with the backend ``keys`` only when given."""
+    for key in list(context.built) if keys is None else keys:
+        if (built := context.built.pop(key, None)) is not None:
+            release_quietly(built[0])
     _return_freed_memory()
 
 

@@ -194,14 +194,15 @@ class StandIns:
 
     def drop_stood_in(self, ahead: BuildsAhead | None, queue: list[tuple[Backend, str]], task: GraphTask,
                       evaluations: list[Evaluation]) -> None:
-        """Stop the background builds of queued candidates :meth:`_measured_stand_in` already skips: their turn
-        may be minutes away (a BERT-base's TorchAO compile went on for 37 s after its calibrated int8 candidate
-        was measured, on the cores the main worker was using)."""
-        for template, _ in queue if ahead is not None else ():
-            if ahead.pending(template) and self._measured_stand_in(template, task, evaluations) is not None:
-                logger.debug("%s: stopping the background build of %s (stood in for)", describe_task(task),
-                             template.describe())
-                ahead.skipped(template)
+        """Drop the background builds of queued candidates a rule above already skips on what was measured, after
+        each evaluation rather than in their turns (the rules only skip more as more is measured): a BERT-base's
+        TorchAO compile went on for 37 s after its calibrated int8 candidate was measured, on the cores the main
+        worker was using."""
+        for template, role in queue if ahead is not None else ():
+            if ahead.pending(template) and self._stand_in_row(template, role, task, evaluations) is not None \
+                    and ahead.stop(template):
+                logger.info("%s: %s will be skipped in its turn (a stand-in rule, on what was measured); its "
+                            "background build was dropped", describe_task(task), template.describe())
 
     def _turn_order(self, templates: list[tuple[Backend, str]], task: GraphTask) -> list[tuple[Backend, str]]:
         """``templates`` (in cost order) with TorchAO's turns moved just before the first Inductor turn when the graph's
@@ -323,7 +324,7 @@ def _threads_pay_off_reason(twin: Evaluation | None) -> str | None:
 
 def _small_matrices_reason(task: GraphTask) -> str | None:
     """Why TorchAO's default int8 cannot pay off on this graph's matrices (None: they are large enough, or none)."""
-    macs = largest_linear_call(task)
+    macs = probe(task, "largest_linear_call", lambda v: isinstance(v, int), lambda: largest_linear_call(task))
     if macs is None or not 0 < macs < INT8_MIN_LINEAR_MACS:
         return None
     return (f"its int8 quantizes every call's activations, which costs more than int8 saves on matrices this small: "
