@@ -91,6 +91,7 @@ class BuildsAhead:
         built = f"{name} was built ahead in the background in {outcome.value:.1f} s (waited {waited:.1f} s for it now)"
         if background.busy(ticket):  # it went on to the next build: this one would wait for that
             self._forget_built()
+            background.resume()
             logger.info("%s: %s; the main worker builds it again in its turn, from the compiler's warm caches",
                         describe_task(self._task), built)
             return None
@@ -135,14 +136,14 @@ class BuildsAhead:
         kept there; it then runs on and its turn drops it (:meth:`skipped`). Queued units stay held. Returns
         whether it was dropped."""
         ticket = self._tickets.get(template.key())
-        if ticket is None or (self._background.running(ticket) and (self._kept or len(self._tickets) > 1)):
+        running = ticket is not None and self._background.running(ticket)
+        if ticket is None or (running and (self._kept or len(self._tickets) > 1)):
             return False
         del self._tickets[template.key()]
-        built = self._background.started(ticket) and not self._background.running(ticket)
+        built = not running and self._background.started(ticket)
         self._background.drop(ticket)
         if built:
-            self._background.start(self._shared, forget_built, ([template.key()],),
-                                   f"{describe_task(self._task)}: releasing {template.describe()}", first=True)
+            self._forget_built([template.key()])
         return True
 
     def skipped(self, template: Backend) -> None:
@@ -155,10 +156,9 @@ class BuildsAhead:
 
     def _forget_built(self, keys: list[str] | None = None) -> None:
         """Let the background worker release its builds made ahead (those of ``keys`` only, when given), before its
-        next unit, and go on."""
+        next unit."""
         self._background.start(self._shared, forget_built, (keys,), f"{describe_task(self._task)}: releasing builds",
                                first=True)
-        self._background.resume()
 
     def close(self) -> None:
         """Stop the background worker (tuning of the graph ended, or failed)."""
