@@ -5,11 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 from test_measuring_strategies import strategy, tune
+from toy_models import mlp
 
 import torch_tweak.torch as tt
+from torch_tweak.torch.module.recording import record
+from torch_tweak.torch.profiling import ProfilingConfig
 from torch_tweak.torch.testing import FakeClock, TimedBackend
-from torch_tweak.torch.tune_strategy.contest import MIN_WIN, _factor, _stored
+from torch_tweak.torch.tune_strategy.contest import (
+    CONTEST_WITHIN,
+    MIN_WIN,
+    ROUNDS,
+    _factor,
+    _stored,
+    block_cycles,
+    contest_times,
+)
+from torch_tweak.torch.tune_strategy.results import Plan
 
 
 @pytest.fixture
@@ -108,6 +121,27 @@ def test_a_latency_budget_is_not_contested_on_medians(clock):
     assert graph.chosen == lucky.describe() and "timed in turns" not in graph.reason
 
 
+@pytest.mark.parametrize(("ms_per_call", "max_calls", "timed"), [
+    (0.04, 30, 30),  # short calls: the three blocks make as many calls as one sweep measurement (max_calls)
+    (0.04, 31, 33),  # max_calls shared by the rounds, rounded up
+    (125.0, 1000, 3 * 4),  # long calls: each block ends at max_time_s (0.5 s: 4 calls of 125 ms)
+])
+def test_a_contest_block_ends_at_its_share_of_max_calls_or_at_max_time(clock, tmp_path, ms_per_call, max_calls,
+                                                                       timed):
+    model = mlp()
+    ((spec, samples),) = record(model, [(4, ((torch.randn(4, 8),), {}))])
+    backends = [TimedBackend(clock, ms_per_call=ms_per_call, label=label) for label in ("a", "b")]
+    for backend in backends:
+        backend.build(model, spec, [s.sample for s in samples], torch.device("cpu"), tmp_path / backend.key())
+    profiling = ProfilingConfig(clock=clock, pause_s=0, min_time_s=0, max_calls=max_calls, max_time_s=0.5)
+    plan = Plan(batch_sizes=[4], batched=False, sample=samples[0].sample)
+    times = contest_times(backends, spec, torch.device("cpu"), plan, [4], profiling)
+    assert times == [{4: pytest.approx(ms_per_call)}] * 2
+    warm = 1 + (ROUNDS if ms_per_call / 1000 < 0.05 else 0)  # the warm-up cycle, and an untimed one per short block
+    assert [b.calls for b in backends] == [timed + warm] * 2
+    assert block_cycles(profiling) * ROUNDS >= max_calls
+
+
 def test_scores_of_either_sign_compare_as_factors():
     assert _factor(125.0, 100.0) == pytest.approx(1.25)  # throughput
     assert _factor(-0.8, -1.0) == pytest.approx(1.25)  # minus a latency: 0.8 ms beats 1.0 ms by 1.25x
@@ -154,22 +188,34 @@ def test_a_route_the_sweeps_owe_to_a_drift_is_dropped_once_timed_in_turns(clock)
 
 
 def test_a_route_is_confirmed_batch_size_by_batch_size(clock):
-    # swept on a machine that "main" slows down 1.5x from its first call on, main looks slower than small at
-    # batch 1 and 2; in turns (both slowed) small still wins batch 1 (1.2 against 1.81 ms) but loses batch 2 (1.95
-    # against 1.83 ms), which the sum over the two (3.15 against 3.65 ms) would hide
-    small, large, wrapped, graph = _swept_during_a_drift(clock, (0.3, 0.5), (1.2, 0.01), drift=1.5)
+    # swept on a machine that "main" slows down 1.3x from its first call on, main looks slower than small at
+    # batch 1 and 2 (1.46x and 1.11x, both close enough to time); in turns (both slowed) small still wins batch 1
+    # (1.17 against 1.31 ms) but loses batch 2 (1.56 against 1.33 ms), which the sum over the two would hide
+    small, large, wrapped, graph = _swept_during_a_drift(clock, (0.6, 0.3), (1.0, 0.01), drift=1.3)
     assert graph.chosen.startswith("BatchRouterBackend(batch<=1: " + small.describe())
-    assert _routes_part(graph.reason) == (f"{small.describe()} 1.2/1.95, {large.describe()} 1.81/1.83: route kept at "
-                                          f"batch 1, dropped at batch 2 (it must win by {MIN_WIN:.2f}x at each batch "
-                                          "size)")
+    assert _routes_part(graph.reason) == (f"{small.describe()} 1.17/1.56, {large.describe()} 1.31/1.33: route kept "
+                                          f"at batch 1, dropped at batch 2 (it must win by {MIN_WIN:.2f}x at each "
+                                          "batch size)")
     router = next(iter(wrapped.backends.values()))
     assert router.backend_for(2) is not router.backend_for(1)
 
 
 def test_a_route_that_wins_in_turns_is_kept(clock):
     small = TimedBackend(clock, ms_per_call=0.3, ms_per_sample=0.5, label="small")  # b1 0.8 ms, b2 1.3
-    large = TimedBackend(clock, ms_per_call=1.2, ms_per_sample=0.01, label="large")  # b1 1.21 ms, b2 1.22
+    large = TimedBackend(clock, ms_per_call=1.1, ms_per_sample=0.01, label="large")  # b1 1.11 ms, b2 1.12
     strat = strategy(tt.HighestThroughputStrategy, clock, [small, large], eager_ms=5.0, screening=False)
     wrapped, _, graph = tune(strat)
     assert graph.chosen.startswith("BatchRouterBackend(batch<=1: " + small.describe())
-    assert _routes_part(graph.reason) == f"{small.describe()} 0.8, {large.describe()} 1.21: route kept"
+    assert _routes_part(graph.reason) == f"{small.describe()} 0.8, {large.describe()} 1.11: route kept"
+
+
+def test_a_route_that_led_by_far_in_the_sweeps_is_kept_without_timing_it_in_turns(clock):
+    small = TimedBackend(clock, ms_per_call=0.3, ms_per_sample=0.5, label="small")  # b1 0.8 ms, b2 1.3
+    large = TimedBackend(clock, ms_per_call=1.2, ms_per_sample=0.01, label="large")  # b1 1.21 ms: 1.51x small's
+    strat = strategy(tt.HighestThroughputStrategy, clock, [small, large], eager_ms=5.0, screening=False)
+    wrapped, _, graph = tune(strat)
+    assert graph.chosen.startswith("BatchRouterBackend(batch<=1: " + small.describe())
+    assert (f"{small.describe()} led by {CONTEST_WITHIN:g}x or more in the sweeps at batch 1: route kept there "
+            "without timing in turns") in graph.reason
+    assert "timed in turns (3 rounds" not in graph.reason
+    assert wrapped(torch.randn(1, 8)).shape == (1, 4)

@@ -46,24 +46,33 @@ def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device
     """For each of ``backends``: the median milliseconds of one call at each of ``sizes``, timed in :data:`ROUNDS`
     rounds of blocks, one block per backend and round, the order rotating from round to round.
 
-    A block runs cycles of one call at each size for ``profiling.max_time_s`` (at least one cycle); when a cycle
-    is short, the block's first one is untimed, so the previous backend's thread pools winding down and cold
-    caches fall on no timed call.
+    A block runs cycles of one call at each size for ``profiling.max_time_s`` (at least one cycle), or until it has
+    made :func:`block_cycles` of them: all blocks of a contender together make as many calls per size as one sweep
+    measurement at most, so that short calls are not timed for seconds (an MLP 256-512-256 spent 5 of its 30 s of
+    tuning in three 0.5 s blocks of 40 µs calls per contender). When a cycle is short, the block's first one is
+    untimed, so the previous backend's thread pools winding down and cold caches fall on no timed call.
     """
     cycle, clock = CallCycle(spec, device, plan, sizes, profiling), profiling.clock
     times: list[dict[int, list[float]]] = [{size: [] for size in sizes} for _ in backends]
+    most = block_cycles(profiling)
     with torch.no_grad(), paused():
         short = [cycle(backend, None) < _WARM_CYCLE_MAX_S for backend in backends]  # also the warm-up
         for r in range(ROUNDS):
             for i in [(r + j) % len(backends) for j in range(len(backends))]:
                 if short[i]:
                     cycle(backends[i], None)
-                begin = clock()
+                begin, cycles = clock(), 0
                 while True:
                     cycle(backends[i], times[i])
-                    if clock() - begin >= profiling.max_time_s:
+                    cycles += 1
+                    if cycles >= most or clock() - begin >= profiling.max_time_s:
                         break
     return [{size: percentile(values, 50) for size, values in record.items()} for record in times]
+
+
+def block_cycles(profiling: ProfilingConfig) -> int:
+    """The most cycles one block of a contest makes: ``profiling.max_calls`` shared by the :data:`ROUNDS` blocks."""
+    return max(1, -(-profiling.max_calls // ROUNDS))
 
 
 def time_contest(context: WorkerContext, contenders: list[Sent], sizes: list[int], plan: Plan) -> list[dict[int, float]]:
@@ -151,7 +160,8 @@ class Contests:
                         routes: Routes | None, plan: Plan, executor: Executor | None,
                         shared: Shared | None) -> tuple[Routes | None, str]:
         """``routes`` (same runtime) with each rival confirmed in turns against ``chosen`` at every measured batch size
-        it would serve, size by size: a size where the rival's call does not take :data:`MIN_WIN` times less is
+        it would serve where its sweep led by less than :data:`CONTEST_WITHIN` (a larger lead stands as measured),
+        size by size: a size where the rival's call does not take :data:`MIN_WIN` times less is
         refused to it, and the routes are worked out again without it (a sum over the sizes would let a loss at one
         size hide behind a gain at another: OpenVINO's LATENCY IR of a BERT-base took 15.8 against 21.4 ms at batch 1
         and 25.1 against 21.9 ms at batch 2, where its THROUGHPUT twin splits the batch over two streams). Returns
@@ -166,6 +176,12 @@ class Contests:
             if rival is None:
                 break
             checked.append(rival)
+            sizes, clear = _close_sizes(rival, chosen, sizes)
+            if clear:
+                notes.append(f"{rival.row.backend} led by {CONTEST_WITHIN:g}x or more in the sweeps at batch "
+                             f"{'/'.join(map(str, clear))}: route kept there without timing in turns")
+            if not sizes:
+                continue
             times = self._time_in_turns(task, [chosen, rival], sizes, plan, executor, shared,
                                         f"route to {rival.row.backend} timed in turns")
             if isinstance(times, str):
@@ -219,6 +235,21 @@ def _unchecked_rival(routes: Routes, chosen: Evaluation, checked: list[Evaluatio
             sizes += [s for s in measured if s >= low and (bound is None or s <= bound)]
         low = (bound or 0) + 1
     return (rival, sizes) if rival is not None and sizes else (None, [])
+
+
+def _close_sizes(rival: Evaluation, chosen: Evaluation, sizes: list[int]) -> tuple[list[int], list[int]]:
+    """``sizes`` split into those where the sweeps put ``rival``'s throughput less than :data:`CONTEST_WITHIN` times
+    ``chosen``'s (timed in turns, as the contest times close rivals only) and those where it led by more: a drift
+    between two sweeps does not make up that much (a BERT-base's LATENCY IR took 10.3 ms at batch 1 against 19.3 ms
+    for its THROUGHPUT twin, and timing the two in turns took 4-5 s of a 75 s tuning)."""
+    close, clear = [], []
+    for size in sizes:
+        mine = chosen.sweep.at(size) if chosen.sweep is not None else None
+        theirs = rival.sweep.at(size) if rival.sweep is not None else None
+        led = mine is not None and theirs is not None and mine.throughput > 0 \
+            and theirs.throughput >= CONTEST_WITHIN * mine.throughput
+        (clear if led else close).append(size)
+    return close, clear
 
 
 def _beats(rival: float, best: float) -> bool:
