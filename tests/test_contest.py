@@ -72,8 +72,9 @@ def test_a_drift_between_two_sweeps_is_undone_by_timing_them_in_turns(clock):
     _, _, graph = tune(strat)
     assert graph.chosen == steady.describe()
     contest = _contest_part(graph.reason)
-    assert contest.startswith(f"{steady.describe()} (3 rounds, p50 ms per call at batch 8: ")
-    assert f"{lucky.describe()} 1.6; {steady.describe()} 1.28" in contest
+    assert contest.startswith(f"{steady.describe()} (3 rounds, p50 ms per call at the batch size its sweep judged "
+                              "each by: ")
+    assert f"{lucky.describe()} 1.6 at batch 8; {steady.describe()} 1.28 at batch 8" in contest
     assert f"{steady.describe()} won, by 1.25x" in contest
     assert graph.reason.startswith("6250.0 samples/s at batch 8")  # the winner's own sweep, as measured
 
@@ -101,6 +102,16 @@ def test_only_rivals_close_to_the_best_are_timed_again(clock):
     assert far.describe() not in graph.reason
 
 
+def test_each_contender_is_timed_at_the_batch_size_its_sweep_judged_it_by(clock):
+    peaked = TimedBackend(clock, ms_per_call=1.0, ms_per_sample_squared=0.25, label="peaked")  # best at b2: 1000/s
+    flat = TimedBackend(clock, ms_per_call=7.0, label="flat")  # best at b8: 1143/s
+    strat = strategy(tt.HighestThroughputStrategy, clock, [peaked, flat], eager_ms=50.0, screening=False,
+                     batch_routing=False)
+    _, _, graph = tune(strat)
+    assert graph.chosen == flat.describe()
+    assert f"{flat.describe()} 7 at batch 8; {peaked.describe()} 2 at batch 2)" in _contest_part(graph.reason)
+
+
 def test_lowest_latency_contests_on_the_latency_of_its_batch_size(clock):
     machine = _Machine()
     lucky = _OnMachine(clock, machine, ms_per_call=1.0, label="lucky")
@@ -108,7 +119,7 @@ def test_lowest_latency_contests_on_the_latency_of_its_batch_size(clock):
     strat = strategy(tt.LowestLatencyStrategy, clock, [lucky, steady], eager_ms=5.0, screening=False)
     _, _, graph = tune(strat)
     assert graph.chosen == steady.describe()
-    assert "p50 ms per call at batch 1: " in graph.reason and f"{steady.describe()} won" in graph.reason
+    assert f"{steady.describe()} 1.28 at batch 1)" in graph.reason and f"{steady.describe()} won" in graph.reason
 
 
 def test_a_latency_budget_is_not_contested_on_medians(clock):
@@ -135,7 +146,7 @@ def test_a_contest_block_ends_at_its_share_of_max_calls_or_at_max_time(clock, tm
         backend.build(model, spec, [s.sample for s in samples], torch.device("cpu"), tmp_path / backend.key())
     profiling = ProfilingConfig(clock=clock, pause_s=0, min_time_s=0, max_calls=max_calls, max_time_s=0.5)
     plan = Plan(batch_sizes=[4], batched=False, sample=samples[0].sample)
-    times = contest_times(backends, spec, torch.device("cpu"), plan, [4], profiling)
+    times = contest_times(backends, spec, torch.device("cpu"), plan, [[4], [4]], profiling)
     assert times == [{4: pytest.approx(ms_per_call)}] * 2
     warm = 1 + (ROUNDS if ms_per_call / 1000 < 0.05 else 0)  # the warm-up cycle, and an untimed one per short block
     assert [b.calls for b in backends] == [timed + warm] * 2
@@ -153,11 +164,11 @@ def test_scores_of_either_sign_compare_as_factors():
     {"k": [{"8": 1.0}, [1.0]]},
 ])
 def test_malformed_stored_times_are_ignored(stored):
-    assert _stored(stored, "k", 2, [8]) is None
+    assert _stored(stored, "k", [[8], [8]]) is None
 
 
 def test_stored_times_are_read_back_with_integer_sizes():
-    assert _stored({"k": [{"8": 1.5}, {"8": 2}]}, "k", 2, [8]) == [{8: 1.5}, {8: 2.0}]
+    assert _stored({"k": [{"8": 1.5}, {"4": 2}]}, "k", [[8], [4]]) == [{8: 1.5}, {4: 2.0}]
 
 
 def _routes_part(reason: str) -> str:

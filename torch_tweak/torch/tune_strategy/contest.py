@@ -6,7 +6,7 @@ ResNet-50 at 37 and at 25 samples/s an hour apart), and at a large batch of a sl
 two calls, so the sweeps can order two candidates that are level, or even the wrong way round. So before the
 choice is final, the best candidate and up to :data:`MAX_RIVALS` others whose score came within
 :data:`CONTEST_WITHIN` of it are served again and timed in turns: :data:`ROUNDS` blocks each, the order rotating
-from round to round, at the batch sizes their sweeps were judged at. A drift then falls on all of them alike.
+from round to round, each at the batch size its sweep judged it by. A drift then falls on all of them alike.
 A rival replaces the best only when it beats it in turns by :data:`MIN_WIN` on the strategy's metric. The
 graph's reason in the report gives the times either way; the result cache keeps them, so a rerun that reuses
 the measurements decides alike without timing anything.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -41,31 +42,40 @@ MIN_WIN = 1.03  # a rival must beat the best in turns by this factor to replace 
 _WARM_CYCLE_MAX_S = 0.05  # a block starts with an untimed cycle when one takes less (switching costs show there)
 
 
-def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device, plan: Plan, sizes: list[int],
-                  profiling: ProfilingConfig) -> list[dict[int, float]]:
-    """For each of ``backends``: the median milliseconds of one call at each of ``sizes``, timed in :data:`ROUNDS`
-    rounds of blocks, one block per backend and round, the order rotating from round to round.
+def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device, plan: Plan,
+                  sizes: Sequence[Sequence[int]], profiling: ProfilingConfig) -> list[dict[int, float]]:
+    """For each of ``backends``: the median milliseconds of one call at each of its ``sizes`` (one list per backend),
+    timed in :data:`ROUNDS` rounds of blocks, one block per backend and round, the order rotating from round to round.
 
-    A block runs cycles of one call at each size for ``profiling.max_time_s`` (at least one cycle), or until it has
-    made :func:`block_cycles` of them: all blocks of a contender together make as many calls per size as one sweep
-    measurement at most, so that short calls are not timed for seconds (an MLP 256-512-256 spent 5 of its 30 s of
-    tuning in three 0.5 s blocks of 40 µs calls per contender). When a cycle is short, the block's first one is
-    untimed, so the previous backend's thread pools winding down and cold caches fall on no timed call.
+    A block runs cycles of one call at each of the backend's sizes for ``profiling.max_time_s`` (at least one
+    cycle), or until it has made :func:`block_cycles` of them: all blocks of a contender together make as many calls
+    per size as one sweep measurement at most, so that short calls are not timed for seconds (an MLP 256-512-256
+    spent 5 of its 30 s of tuning in three 0.5 s blocks of 40 µs calls per contender). When a cycle is short, the
+    block's first one is untimed, so the previous backend's thread pools winding down and cold caches fall on no
+    timed call.
     """
-    cycle, clock = CallCycle(spec, device, plan, sizes, profiling), profiling.clock
-    times: list[dict[int, list[float]]] = [{size: [] for size in sizes} for _ in backends]
+    if len(sizes) != len(backends):
+        raise ValueError(f"contest_times: {len(backends)} backends but {len(sizes)} lists of batch sizes")
+    made: dict[tuple[int, ...], CallCycle] = {}  # contenders timed at the same sizes share their inputs
+    cycles = []
+    for own in sizes:
+        if tuple(own) not in made:
+            made[tuple(own)] = CallCycle(spec, device, plan, list(own), profiling)
+        cycles.append(made[tuple(own)])
+    clock = profiling.clock
+    times: list[dict[int, list[float]]] = [{size: [] for size in own} for own in sizes]
     most = block_cycles(profiling)
     with torch.no_grad(), paused():
-        short = [cycle(backend, None) < _WARM_CYCLE_MAX_S for backend in backends]  # also the warm-up
+        short = [cycle(backend, None) < _WARM_CYCLE_MAX_S for cycle, backend in zip(cycles, backends)]  # warm-up too
         for r in range(ROUNDS):
             for i in [(r + j) % len(backends) for j in range(len(backends))]:
                 if short[i]:
-                    cycle(backends[i], None)
-                begin, cycles = clock(), 0
+                    cycles[i](backends[i], None)
+                begin, made_here = clock(), 0
                 while True:
-                    cycle(backends[i], times[i])
-                    cycles += 1
-                    if cycles >= most or clock() - begin >= profiling.max_time_s:
+                    cycles[i](backends[i], times[i])
+                    made_here += 1
+                    if made_here >= most or clock() - begin >= profiling.max_time_s:
                         break
     return [{size: percentile(values, 50) for size, values in record.items()} for record in times]
 
@@ -75,7 +85,8 @@ def block_cycles(profiling: ProfilingConfig) -> int:
     return max(1, -(-profiling.max_calls // ROUNDS))
 
 
-def time_contest(context: WorkerContext, contenders: list[Sent], sizes: list[int], plan: Plan) -> list[dict[int, float]]:
+def time_contest(context: WorkerContext, contenders: list[Sent], sizes: list[list[int]],
+                 plan: Plan) -> list[dict[int, float]]:
     """In the worker: build the contenders again and time them in turns (:func:`contest_times`)."""
     task = context.task
     return serve_in_worker(context, contenders, lambda servings: contest_times(
@@ -108,7 +119,7 @@ class Contests:
         if not rivals or best.template is None:
             return best, ""
         contenders = [best, *rivals]
-        sizes = sorted({e.pick.batch_size for e in contenders})  # type: ignore[union-attr]
+        sizes = [[e.pick.batch_size] for e in contenders]  # type: ignore[union-attr]  # the size each was judged at
         names = ", ".join(e.row.backend for e in rivals)
         times = self._time_in_turns(task, contenders, sizes, plan, executor, shared, f"head-to-head with {names}")
         if isinstance(times, str):
@@ -117,22 +128,22 @@ class Contests:
         top = max(range(1, len(contenders)), key=lambda i: scores[i])
         won = _beats(scores[top], scores[0])
         winner = contenders[top] if won else best
-        per_call = "; ".join(f"{e.row.backend} {'/'.join(f'{t[s]:.3g}' for s in sizes)}"
-                             for e, t in zip(contenders, times, strict=True))
-        note = (f"; timed in turns with {names} ({ROUNDS} rounds, p50 ms per call at batch "
-                f"{'/'.join(map(str, sizes))}: {per_call}): "
+        per_call = "; ".join(f"{e.row.backend} {t[size]:.3g} at batch {size}"
+                             for e, t, (size,) in zip(contenders, times, sizes, strict=True))
+        note = (f"; timed in turns with {names} ({ROUNDS} rounds, p50 ms per call at the batch size its sweep judged "
+                f"each by: {per_call}): "
                 + (f"{winner.row.backend} won, by {_factor(scores[top], scores[0]):.2f}x" if won else
                    f"{best.row.backend} kept (a rival must win by {MIN_WIN:.2f}x)"))
         logger.info("%s: head-to-head%s", describe_task(task), note[1:])
         return winner, note
 
 
-    def _time_in_turns(self: Any, task: GraphTask, contenders: list[Evaluation], sizes: list[int], plan: Plan,
+    def _time_in_turns(self: Any, task: GraphTask, contenders: list[Evaluation], sizes: list[list[int]], plan: Plan,
                        executor: Executor | None, shared: Shared | None, what: str) -> list[dict[int, float]] | str:
-        """Per contender, the p50 ms of one call at each of ``sizes`` timed in turns (:func:`contest_times`): as an
-        earlier run on the same reused results stored them, in the worker, or here; or why they were not timed."""
+        """Per contender, the p50 ms of one call at each of its ``sizes`` timed in turns (:func:`contest_times`): as
+        an earlier run on the same reused results stored them, in the worker, or here; or why they were not timed."""
         key = json.dumps([[(_identity(e), e.role) for e in contenders], sizes])
-        stored = _stored(task.probed.get(CONTEST_TIMES), key, len(contenders), sizes)
+        stored = _stored(task.probed.get(CONTEST_TIMES), key, sizes)
         if stored is not None:  # timed by an earlier run on the same reused results: it decides as that one did
             times = stored
         elif executor is not None and shared is not None:
@@ -182,7 +193,7 @@ class Contests:
                              f"{'/'.join(map(str, clear))}: route kept there without timing in turns")
             if not sizes:
                 continue
-            times = self._time_in_turns(task, [chosen, rival], sizes, plan, executor, shared,
+            times = self._time_in_turns(task, [chosen, rival], [sizes, sizes], plan, executor, shared,
                                         f"route to {rival.row.backend} timed in turns")
             if isinstance(times, str):
                 notes.append(f"the route to {rival.row.backend} was not timed in turns ({times})")
@@ -263,13 +274,14 @@ def _factor(rival: float, best: float) -> float:
     return best / rival if rival < 0 else float("inf")
 
 
-def _stored(stored: Any, key: str, count: int, sizes: list[int]) -> list[dict[int, float]] | None:
-    """The per-size times of ``count`` contenders an earlier run kept under ``key`` (None: none, or malformed)."""
+def _stored(stored: Any, key: str, sizes: list[list[int]]) -> list[dict[int, float]] | None:
+    """The per-size times of contenders timed at ``sizes`` (one list per contender) an earlier run kept under ``key``
+    (None: none, or malformed)."""
     times = stored.get(key) if isinstance(stored, dict) else None
-    if not isinstance(times, list) or len(times) != count or not all(isinstance(t, dict) for t in times):
+    if not isinstance(times, list) or len(times) != len(sizes) or not all(isinstance(t, dict) for t in times):
         return None
     try:
         parsed = [{int(size): float(ms) for size, ms in t.items()} for t in times]
     except (TypeError, ValueError):
         return None
-    return parsed if all(set(t) == set(sizes) for t in parsed) else None
+    return parsed if all(set(t) == set(own) for t, own in zip(parsed, sizes, strict=True)) else None
