@@ -136,3 +136,109 @@ def test_a_graph_that_needed_auto_dims_once_is_exported_with_them_first():
     (static_spec,) = static_recorder.graph_specs()
     with pytest.raises(RuntimeError, match="Constraints violated"):  # no dynamic axis: nothing to retry with
         export_with_dims(static, static_spec, export, "test export")
+
+
+# sequence axes recorded at one length (module/lengths.py) -----------------------------------------------------------
+
+
+def _tuned_on_one_length(backend, name):
+    model = tiny_bert()
+    wrapped = tt.Module(model, name=name, strategy=tt.OneBackendStrategy(backend))
+    report = tt.tune(wrapped, bert_dataset(lengths=(8, 8, 8)), batch_sizes=[1, 2])
+    assert wrapped.state is tt.ModuleState.TUNED, report
+    return wrapped, report
+
+
+def _assert_serves_other_lengths(wrapped, atol, caplog):
+    reference = tiny_bert()
+    for call in _calls():
+        with torch.no_grad(), caplog.at_level(logging.WARNING, logger="torch_tweak.torch.module.wrapper"):
+            got, want = wrapped(**call), reference(**call)
+        assert not [r for r in caplog.records if "cannot serve" in r.getMessage()]
+        torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, atol=atol, rtol=atol)
+
+
+@pytest.mark.openvino
+def test_sentences_of_one_length_are_tuned_for_any_length_with_openvino(tmp_path, caplog):
+    pytest.importorskip("openvino")
+    from torch_tweak.torch.backend import OpenVINOBackend, OpenVINOBackendConfig
+    from torch_tweak.torch.module.state import internals
+
+    with caplog.at_level(logging.INFO, logger="torch_tweak.torch.module.lengths"):
+        wrapped, report = _tuned_on_one_length(OpenVINOBackend(OpenVINOBackendConfig(inference_precision="f32")),
+                                               "bert_one_length")
+    probed = [r.getMessage() for r in caplog.records if "had one length in every recorded call" in r.getMessage()]
+    assert len(probed) == 1 and "kwargs_attention_mask axis 1, kwargs_input_ids axis 1" in probed[0], probed
+    ids = next(s for s in wrapped.graph_specs[0].inputs if s.name.endswith("input_ids"))
+    assert ids.shape[1] == "dim1" and (ids.min_shape[1], ids.max_shape[1]) == (4, 8)
+    assert internals(wrapped).offloaded  # the original weights are gone: the backend serves every length
+    _assert_serves_other_lengths(wrapped, 1e-4, caplog)
+    tt.save(wrapped, tmp_path / "bert.tt")
+    _assert_serves_other_lengths(tt.load(tiny_bert(), tmp_path / "bert.tt"), 1e-4, caplog)
+
+
+def test_sentences_of_one_length_are_tuned_for_any_length_with_onnxruntime(caplog):
+    pytest.importorskip("onnxruntime")
+    from torch_tweak.torch.backend import ONNXRuntimeBackend
+
+    wrapped, _ = _tuned_on_one_length(ONNXRuntimeBackend(), "bert_one_length_ort")
+    _assert_serves_other_lengths(wrapped, 1e-4, caplog)
+
+
+@pytest.mark.openvino
+def test_without_the_probe_a_length_seen_once_stays_static():
+    pytest.importorskip("openvino")
+    from torch_tweak.torch.backend import OpenVINOBackend, OpenVINOBackendConfig
+
+    tt.config.probe_sequence_lengths = False
+    wrapped, _ = _tuned_on_one_length(OpenVINOBackend(OpenVINOBackendConfig(inference_precision="f32")),
+                                      "bert_static_length")
+    ids = next(s for s in wrapped.graph_specs[0].inputs if s.name.endswith("input_ids"))
+    assert ids.shape[1] == 8 and wrapped.graph_specs[0].inputs[0].min_shape[1] == 8
+    call = {"input_ids": torch.ones(1, 5, dtype=torch.long), "attention_mask": torch.ones(1, 5, dtype=torch.long)}
+    with pytest.raises(UnsupportedInputError, match="static axes were the same in every recorded call"):
+        wrapped(**call)
+
+
+class FixedLength(torch.nn.Module):
+    """Embeds token ids, but only of length 8 (a model with a fixed-size position table, say)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(100, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.shape[1] != 8:
+            raise ValueError(f"sequences must have 8 tokens, got {ids.shape[1]}")
+        return self.embed(ids).sum(1)
+
+
+def test_a_module_that_runs_one_length_only_keeps_it_and_is_tuned(caplog):
+    wrapped = tt.Module(FixedLength(), name="fixed_length", strategy=tt.OneBackendStrategy(TorchEagerBackend()))
+    with caplog.at_level(logging.INFO, logger="torch_tweak.torch.module.lengths"):
+        tt.tune(wrapped, [torch.randint(0, 100, (8,)) for _ in range(3)], batch_sizes=[1, 2])
+    assert wrapped.state is tt.ModuleState.TUNED and wrapped.graph_specs[0].inputs[0].shape == ("batch0", 8)
+    (message,) = [r.getMessage() for r in caplog.records if "did not run at half" in r.getMessage()]
+    assert "ValueError: sequences must have 8 tokens, got 4" in message and "stay at their recorded length" in message
+    assert wrapped(torch.randint(0, 100, (3, 8))).shape == (3, 4)
+
+
+def test_floating_point_inputs_and_short_axes_are_not_probed():
+    from torch_tweak.torch.module.lengths import constant_integer_axes, record_shorter_call
+    from torch_tweak.torch.module.recording import Recorder
+
+    recorder = Recorder(True, 4)
+
+    def forward(x: torch.Tensor, ids: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
+        return x.sum(1) + ids.sum(1) + flags.sum(1)
+
+    with torch.no_grad():
+        for batch in (1, 2):
+            recorder.record_call(forward, (torch.randn(batch, 8), torch.ones(batch, 6, dtype=torch.long),
+                                           torch.ones(batch, 1, dtype=torch.bool)), {}, batch)
+    (graph,) = recorder.graphs.values()
+    assert constant_integer_axes(graph) == {(1, 1): 6}  # not the floats' axis, nor a length of 1
+    assert record_shorter_call(graph, forward, "m") and not record_shorter_call(graph, forward, "m")  # once
+    (spec,) = recorder.graph_specs()
+    assert [s.shape for s in spec.inputs] == [("batch0", 8), ("batch0", "dim1"), ("batch0", 1)]
+    assert spec.inputs[1].min_shape == (1, 3) and len(graph.samples) == 3

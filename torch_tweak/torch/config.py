@@ -86,6 +86,10 @@ class TorchTweakConfig:
         progress: live progress display during ``tt.tune``; None means "when stderr is a terminal".
         cache_size_limit_gb: after each ``tt.tune`` the least recently used build folders and stored results
             are deleted until torch_tweak's part of the cache folder is at most this size (None: no limit).
+        probe_sequence_lengths: before a graph is tuned, an integer input's axis (after the first) that had one
+            length in every recorded call (token ids of sentences of one length) gets one more eager call at half
+            that length, so that the axis is tuned dynamic and the tuned module serves any length eager serves
+            (:mod:`torch_tweak.torch.module.lengths`). False keeps such axes at their recorded length.
         llm_phase_detection: calls of a language model (a ``cache_position`` argument or a KV cache
             passed as ``past_key_values``/``cache``) are split into a prefill and a decode graph.
         console_output: a backend build's output goes to the console as well as to its ``build.log``
@@ -111,6 +115,7 @@ class TorchTweakConfig:
     device_after_tuning: str | None = "release"
     on_unknown_signature: str = "error"
     progress: bool | None = field(default_factory=lambda: _env_bool("TORCH_TWEAK_PROGRESS", None))
+    probe_sequence_lengths: bool = True
     llm_phase_detection: bool = True
     cache_size_limit_gb: float | None = 20.0
     console_output: bool = field(default_factory=lambda: bool(_env_bool("TORCH_TWEAK_CONSOLE_OUTPUT", False)))
@@ -138,7 +143,7 @@ def _validate(name: str, value: Any) -> Any:
             raise ConfigError(f"tt.config.cache_dir must be a path, got {type(value).__name__}.")
         return Path(value).expanduser()
     if name in ("strict_mode", "llm_phase_detection", "console_output", "system_monitor", "inspect_debug",
-                "enable_hf_integrations"):
+                "enable_hf_integrations", "probe_sequence_lengths"):
         return check_bool(value, f"tt.config.{name}")
     if name == "progress":
         return check_bool(value, "tt.config.progress (None: automatic)", allow_none=True)

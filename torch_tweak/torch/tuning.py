@@ -153,6 +153,9 @@ def _record_and_tune(func: Callable[..., Any], items: Any, sizes: list[int], max
             "modules first (tt.Module(model) or tt.wrap(pipeline, modules)) and make sure func calls them; "
             "modules that are already tuned are not recorded again."
         )
+    if config.probe_sequence_lengths:  # every module before any is tuned (and may release its weights)
+        for module in modules:
+            internals(module).probe_sequence_lengths()
     report = TuningReport(device=str(target), batch_sizes=sizes, dry_run=dry_run)
     if budget is not None:
         budget.graphs_left = sum(internals(m).graph_count() for m in modules)
@@ -189,6 +192,8 @@ def tune_module(
     if module.state is ModuleState.TUNED:
         raise TuningError(f"Module {module.name!r} is already tuned; wrap a fresh module to tune it again.")
     state = internals(module)
+    if config.probe_sequence_lengths:
+        state.probe_sequence_lengths()
     recorders = state.recorded_graphs()
     target = get_device(device if device is not None else config.default_device)
     specs = [g.graph_spec() for g in recorders]

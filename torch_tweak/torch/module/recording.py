@@ -65,6 +65,7 @@ class GraphRecorder:
         self._input_obs: dict[Observation, None] = {}
         self._output_obs: dict[Observation, None] = {}
         self._sample_shapes: list[tuple[Any, ...]] = []  # input shapes of each sample, in order
+        self.lengths_probed = False  # see module/lengths.py
 
     def wants_sample(self, input_shapes: tuple[Any, ...], batch_size: int | None = None) -> bool:
         """True if a call with these input shapes should be stored: new shapes, below the cap, or at a batch size
@@ -107,10 +108,11 @@ class GraphRecorder:
         self._output_obs[(batch_size, observe_shapes(output_leaves))] = None
 
     def add_sample(self, args: tuple[Any, ...], kwargs: dict[str, Any], outputs: Any, batch_size: int | None,
-                   input_shapes: tuple[Any, ...]) -> None:
-        """Store a copied call with a detached copy of its eager outputs."""
+                   input_shapes: tuple[Any, ...], beyond_cap: bool = False) -> None:
+        """Store a copied call with a detached copy of its eager outputs (``beyond_cap``: even when the graph holds
+        ``max_samples`` already)."""
         reference = map_tensors(outputs, lambda t: t.detach().clone())
-        if len(self.samples) >= self.max_samples:
+        if len(self.samples) >= self.max_samples and not beyond_cap:
             index = self._replaceable(batch_size)
             if index is None:
                 return
@@ -118,6 +120,14 @@ class GraphRecorder:
             del self._sample_shapes[index]
         self.samples.append(RecordedSample(args, kwargs, reference, batch_size))
         self._sample_shapes.append(input_shapes)
+
+    def input_shapes(self) -> list[tuple[tuple[int, ...], ...]]:
+        """The input tensors' shapes of every distinct recorded call."""
+        return [shapes for _, shapes in self._input_obs]
+
+    def input_dtypes(self) -> list[str]:
+        """The input tensors' dtype names, in flatten order."""
+        return list(self._input_dtypes)
 
     def _output_ranks(self) -> tuple[int, ...]:
         first = next(iter(self._output_obs))

@@ -3,7 +3,7 @@
 A ``tt.Module`` forwards attribute access to the module it wraps, so it carries one attribute of its own
 (``_tt``, a :class:`ModuleInternals`) and nothing else: names added to the proxy would hide the wrapped
 module's. Code outside ``torch_tweak/torch/module/`` reaches the state through :func:`internals` and its
-methods only (``recorded_graphs``, ``mark_tuned``, ``mark_passthrough``, ``offload_weights``,
+methods only (``recorded_graphs``, ``probe_sequence_lengths``, ``mark_tuned``, ``mark_passthrough``, ``offload_weights``,
 ``snapshot``), never by assigning fields, so every transition keeps the fields consistent (the dispatch
 table, the key settings, the recorder) and a failed ``tt.load`` can put everything back.
 """
@@ -24,6 +24,7 @@ from torch import nn
 from torch_tweak.errors import TuningError
 from torch_tweak.torch.module import released
 from torch_tweak.torch.module.forward import is_intercepted
+from torch_tweak.torch.module.lengths import record_shorter_call
 from torch_tweak.torch.module.recording import GraphRecorder, Recorder, StoreFactory
 from torch_tweak.torch.module.serving import changes, serving_function
 from torch_tweak.torch.module.spec import GraphSpec
@@ -85,6 +86,13 @@ class ModuleInternals:
                 "receives while func runs over the dataset. Check that func calls this module."
             )
         return list(recorder.graphs.values())
+
+    def probe_sequence_lengths(self) -> None:
+        """Record one more call per graph with its integer inputs' one-length axes cut to half (see
+        :mod:`~torch_tweak.torch.module.lengths`); once per graph and tuning session."""
+        if self.status is ModuleState.RECORDING and self.recorder is not None:
+            for graph in self.recorder.graphs.values():
+                record_shorter_call(graph, self.original, self.name)
 
     def graph_count(self) -> int:
         """How many graphs the current tuning session recorded (0 if none)."""
