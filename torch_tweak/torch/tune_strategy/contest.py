@@ -54,8 +54,6 @@ def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device
     block's first one is untimed, so the previous backend's thread pools winding down and cold caches fall on no
     timed call.
     """
-    if len(sizes) != len(backends):
-        raise ValueError(f"contest_times: {len(backends)} backends but {len(sizes)} lists of batch sizes")
     made: dict[tuple[int, ...], CallCycle] = {}  # contenders timed at the same sizes share their inputs
     cycles = []
     for own in sizes:
@@ -66,7 +64,8 @@ def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device
     times: list[dict[int, list[float]]] = [{size: [] for size in own} for own in sizes]
     most = block_cycles(profiling)
     with torch.no_grad(), paused():
-        short = [cycle(backend, None) < _WARM_CYCLE_MAX_S for cycle, backend in zip(cycles, backends)]  # warm-up too
+        short = [cycle(backend, None) < _WARM_CYCLE_MAX_S  # also the warm-up
+                 for cycle, backend in zip(cycles, backends, strict=True)]
         for r in range(ROUNDS):
             for i in [(r + j) % len(backends) for j in range(len(backends))]:
                 if short[i]:
