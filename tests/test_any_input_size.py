@@ -242,3 +242,32 @@ def test_floating_point_inputs_and_short_axes_are_not_probed():
     (spec,) = recorder.graph_specs()
     assert [s.shape for s in spec.inputs] == [("batch0", 8), ("batch0", "dim1"), ("batch0", 1)]
     assert spec.inputs[1].min_shape == (1, 3) and len(graph.samples) == 3
+
+
+class BranchesOnLength(torch.nn.Module):
+    """Runs every length, but its code branches on it: no single exported program serves lengths on both sides."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(100, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        return x * 2 if ids.shape[1] > 6 else x
+
+
+def test_an_export_that_cannot_take_the_probed_length_fails_its_candidate_saying_why():
+    pytest.importorskip("onnxruntime")
+    from torch_tweak.torch.backend import ONNXRuntimeBackend
+
+    wrapped = tt.Module(BranchesOnLength(), name="branches", strategy=tt.OneBackendStrategy(ONNXRuntimeBackend()))
+    report = tt.tune(wrapped, [torch.randint(0, 100, (8,)) for _ in range(3)], batch_sizes=[1, 2])
+    (row,) = [c for c in report.modules[0].graphs[0].candidates if c.backend == "ONNXRuntimeBackend()"]
+    assert row.status == "build_failed"
+    assert ("could not keep axis 1 of input 'args_0' dynamic over the recorded sizes 4..8: the exported program "
+            "takes sizes 7..any only") in row.error
+    assert "tt.config.probe_sequence_lengths" in row.error
+    tt.config.probe_sequence_lengths = False  # the fix the message names
+    fixed = tt.Module(BranchesOnLength(), name="branches_fixed", strategy=tt.OneBackendStrategy(ONNXRuntimeBackend()))
+    tt.tune(fixed, [torch.randint(0, 100, (8,)) for _ in range(3)], batch_sizes=[1, 2])
+    assert fixed.state is tt.ModuleState.TUNED

@@ -173,5 +173,48 @@ def export_program(module: nn.Module, graph_spec: GraphSpec, leaves: tuple[torch
         return torch.export.export(wrapper, leaves, dynamic_shapes=dynamic_shapes(graph_spec, auto_dims))
 
     program = export_with_dims(module, graph_spec, export, "torch.export")
+    check_served_sizes(program, graph_spec)
     _PROGRAMS[module] = (key, program)
     return program
+
+
+def check_served_sizes(program: Any, graph_spec: GraphSpec) -> None:
+    """Raise :class:`ConversionError` when ``program`` (a ``torch.export`` of ``graph_spec``'s :class:`FlatForward`)
+    does not take every recorded size of a batch or dynamic axis: ``Dim.AUTO`` let export fix the axis to the example's
+    size, or bound it where the module branches on it (``if ids.shape[1] > 6``). Such a program computes the other
+    sizes wrongly or refuses them, and the fidelity check would reject it with an error that does not say why."""
+    nodes = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
+    ranges = program.range_constraints
+    for name, spec in zip(program.graph_signature.user_inputs, graph_spec.inputs, strict=False):
+        value = nodes[name].meta.get("val") if name in nodes else None
+        if value is None:
+            continue
+        for axis in [*spec.batch_multipliers, *spec.dynamic_axes()]:
+            size, low, high = value.shape[axis], spec.min_shape[axis], spec.max_shape[axis]
+            if isinstance(size, int):
+                taken = (size, size)
+            elif (bounds := ranges.get(size.node.expr)) is not None:  # a product (k * batch) has no range of its own
+                taken = (int(bounds.lower), _finite(bounds.upper))
+            else:
+                continue
+            if low < taken[0] or (taken[1] is not None and high > taken[1]):
+                hint = (" Every recorded call of this integer input may have had one length, and "
+                        "tt.config.probe_sequence_lengths added a call at half of it: set it to False to tune this "
+                        "graph at the recorded length only." if not spec.torch_dtype.is_floating_point else "")
+                raise ConversionError(
+                    f"torch.export could not keep axis {axis} of input {spec.name!r} dynamic over the recorded sizes "
+                    f"{low}..{high}: the exported program takes {_sizes(taken)} only (the module's code branches on "
+                    f"that size, or fixes it), so no single program serves every recorded call.{hint}")
+
+
+def _finite(bound: Any) -> int | None:
+    """An export range's upper bound as an int, None when unbounded."""
+    try:
+        return int(bound) if getattr(bound, "is_finite", True) else None
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return None
+
+
+def _sizes(taken: tuple[int, int | None]) -> str:
+    low, high = taken
+    return f"size {low}" if low == high else f"sizes {low}..{high if high is not None else 'any'}"

@@ -21,7 +21,13 @@ from torch import nn
 
 from torch_tweak.errors import BuildError, ConversionError, UnsupportedDeviceError
 from torch_tweak.torch.backend._compile_helpers import build_failure
-from torch_tweak.torch.backend._export import FlatForward, dynamic_shapes, example_leaves
+from torch_tweak.torch.backend._export import (
+    FlatForward,
+    check_served_sizes,
+    dynamic_shapes,
+    example_leaves,
+    export_with_dims,
+)
 from torch_tweak.torch.backend._inductor_options import unsafe_inductor_options, validate_inductor_options
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.module.forward import pristine
@@ -64,7 +70,9 @@ def export_graph(module: nn.Module, graph_spec: GraphSpec, data: list[Sample], s
     """``torch.export`` one graph of ``module`` through :class:`FlatForward`; raise :class:`ConversionError`.
 
     Independent dynamic axes are tried first; if ``torch.export`` finds them related (e.g. the sequence axis of
-    ids and of their mask), it is retried with ``Dim.AUTO`` so that export infers the relation.
+    ids and of their mask), it is retried with ``Dim.AUTO`` so that export infers the relation
+    (:func:`~._export.export_with_dims`); a program that does not take every recorded size is refused
+    (:func:`~._export.check_served_sizes`).
     """
     leaves = tuple(example_leaves(graph_spec, data))
     with torch.no_grad(), pristine(module):
@@ -74,13 +82,9 @@ def export_graph(module: nn.Module, graph_spec: GraphSpec, data: list[Sample], s
             shapes = dynamic_shapes(graph_spec, auto_dims=auto_dims)
             return torch.export.export(wrapper, leaves, dynamic_shapes=shapes, strict=strict)
 
-        try:
-            return export(auto_dims=False)
-        except Exception as exc:
-            if not any(s.dynamic_axes() for s in graph_spec.inputs):
-                raise
-            logger.info("torch.export with independent dynamic dims failed (%s); retrying with Dim.AUTO.", exc)
-        return export(auto_dims=True)
+        program = export_with_dims(module, graph_spec, export, "torch.export")
+    check_served_sizes(program, graph_spec)
+    return program
 
 
 class TorchInductorAOTBackend(Backend):
