@@ -352,7 +352,7 @@ def test_a_background_group_dies_with_the_tuning_process_killed_by_sigkill(tmp_p
     helper = None
     try:
         helper, pgid, start = (int(v) for v in tuning.stdout.readline().split())
-        assert os.getpgid(helper) == pgid and _state(helper) in "RS"
+        assert os.getpgid(helper) == pgid and _state(helper) in "RSD"  # running, sleeping or in disk I/O: not stopped
         tuning.kill()  # kill -9: nothing in it runs again, so nothing there continues or kills the group
         tuning.wait()
         deadline = time.monotonic() + 30
