@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import time
 from pathlib import Path
 
@@ -48,6 +49,30 @@ def test_linear_share_counts_the_multiply_adds_of_linear_layers() -> None:
     assert share == pytest.approx(12 / (27648 + 12), rel=1e-3)
     no_linear = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).eval()
     assert linear_share(no_linear, _Task(no_linear, torch.randn(1, 3, 8, 8))) == 0.0
+
+
+class _PickledMidCall(torch.nn.Module):
+    """Pickles itself between its two layers, as the background worker's sender thread may while a probe runs it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+        self.copies: list[bytes] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.first(x)
+        self.copies.append(pickle.dumps(self))
+        return self.second(x)
+
+
+def test_counting_linear_calls_leaves_no_hook_in_the_module_a_concurrent_pickle_could_carry() -> None:
+    module = _PickledMidCall().eval()
+    assert linear_share(module, _Task(module, torch.randn(2, 8))) == pytest.approx(1.0)
+    copy = pickle.loads(module.copies[-1])
+    assert not copy.first._forward_hooks and not copy.second._forward_hooks
+    assert not module.first._forward_hooks and not module.second._forward_hooks
+    assert largest_linear_call(_RecordedTask(module, {2: torch.randn(2, 8)})) == 2 * 8 * 16
+    assert not pickle.loads(module.copies[-1]).first._forward_hooks
 
 
 def _evaluation(template, status: str) -> Evaluation:
