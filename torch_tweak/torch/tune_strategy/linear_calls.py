@@ -56,7 +56,7 @@ class _LinearCalls:
             self.largest = max(self.largest, macs)
 
     def run(self, module: nn.Module, task: GraphTask, sample: Any, counter: Any = None) -> bool:
-        """Run ``sample`` through ``module``'s own forward with the hooks on (and ``counter`` around it); False if
+        """Run ``sample`` through ``module``'s own forward with the counting hook on (and ``counter`` around it); False if
         the call failed (counting is an optimisation: a failure means "not countable")."""
         mine = {id(layer) for layer in self.layers}
 
