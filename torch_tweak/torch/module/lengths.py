@@ -15,9 +15,9 @@ Nothing changes when the module cannot run the shorter call (it raises, or retur
 axis keeps its one size, as recorded. Not probed: language-model phase graphs (a KV cache or ``cache_position``
 describes state the extra call would break), axis 0 (the batch), and floating-point inputs (their axes are
 features, images, audio). Non-tensor arguments keep their recorded values. A module that runs the shorter call
-but cannot be exported with the axis dynamic (a Python branch on the length) has its exported candidates fail
-their check at the shorter length, a row each in the report; ``tt.config.probe_sequence_lengths = False`` turns
-the probe off for it.
+but cannot be exported with the axis dynamic (a Python branch on the length) has its exported candidates fail at
+export, a row each in the report saying why; ``tt.config.probe_sequence_lengths = False`` turns the probe off for
+it.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ class _LinearCalls:
 
     def __init__(self, module: nn.Module, keep_input: bool = False) -> None:
         self.layers = [m for m in module.modules() if isinstance(m, nn.Linear)]
+        self._mine = {id(layer) for layer in self.layers}
         self.total = 0
         self.largest = 0
         self.keep_input = keep_input
@@ -48,7 +49,8 @@ class _LinearCalls:
         self.largest_call: tuple[nn.Linear, torch.Tensor] | None = None
 
     def count(self, layer: nn.Module, inputs: tuple[Any, ...], output: object) -> None:
-        if isinstance(output, torch.Tensor) and isinstance(layer, nn.Linear) and layer.out_features:
+        if id(layer) in self._mine and isinstance(output, torch.Tensor) and isinstance(layer, nn.Linear) \
+                and layer.out_features:
             macs = layer.in_features * output.numel()
             self.total += macs
             if macs > self.largest and self.keep_input and inputs and isinstance(inputs[0], torch.Tensor):
@@ -56,15 +58,9 @@ class _LinearCalls:
             self.largest = max(self.largest, macs)
 
     def run(self, module: nn.Module, task: GraphTask, sample: Any, counter: Any = None) -> bool:
-        """Run ``sample`` through ``module``'s own forward with the counting hook on (and ``counter`` around it); False if
-        the call failed (counting is an optimisation: a failure means "not countable")."""
-        mine = {id(layer) for layer in self.layers}
-
-        def count(layer: nn.Module, inputs: tuple[Any, ...], output: object) -> None:
-            if id(layer) in mine:
-                self.count(layer, inputs, output)
-
-        handle = register_module_forward_hook(count)
+        """Run ``sample`` through ``module``'s own forward with the counting hook on (and ``counter`` around it);
+        False if the call failed (counting is an optimisation: a failure means "not countable")."""
+        handle = register_module_forward_hook(self.count)
         args, kwargs = sample
         try:
             with pristine(module), torch.no_grad(), counter or contextlib.nullcontext():
