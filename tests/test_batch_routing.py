@@ -6,6 +6,7 @@ import gc
 import os
 import re
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -404,6 +405,8 @@ def test_router_of_openvino_hints_loads_in_a_fresh_process(tmp_path):
     inputs = [torch.randn(1, 3, 8, 8), torch.randn(4, 3, 8, 8)]
     expected = [wrapped(x) for x in inputs]
     tt.save(wrapped, tmp_path / "cnn.tt")
+    with zipfile.ZipFile(tmp_path / "cnn.tt") as archive:  # both routes compile one IR: it is stored once
+        assert sum(name.endswith("/model.bin") for name in archive.namelist()) == 1
     outputs, info = run_fresh("cnn", tmp_path / "cnn.tt", inputs, tmp_path)
     for got, want in zip(outputs, expected):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

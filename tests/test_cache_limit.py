@@ -37,6 +37,17 @@ def test_least_recently_used_items_go_first_until_under_the_limit():
     assert [p for _, _, p in cache_items(tt.config.cache_dir)] == [middle, new]
 
 
+def test_openvino_models_compiled_at_load_count_and_the_oldest_go_first():
+    blobs = cache_folder("openvino_model_cache")
+    for name, age_s in (("old", 300), ("new", 100)):
+        (blobs / f"{name}.blob").write_bytes(b"x" * 600_000)
+        stamp = time.time() - age_s
+        os.utime(blobs / f"{name}.blob", (stamp, stamp))
+    (blobs / "notes.txt").write_bytes(b"x" * 2_000_000)  # OpenVINO writes only .blob files there: not an item
+    assert enforce_size_limit(limit_gb=1e6 / 2**30) == [blobs / "old.blob"]
+    assert [p for _, _, p in cache_items(tt.config.cache_dir)] == [blobs / "new.blob"]
+
+
 def test_items_used_by_the_running_tuning_stay():
     item("m", "0", "a", size=1_000_000, age_s=0)
     assert enforce_size_limit(limit_gb=1e-6, keep_since=time.time() - 10) == []

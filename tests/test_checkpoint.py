@@ -118,6 +118,47 @@ def test_tied_weights_are_stored_once(tmp_path):
     assert torch.allclose(loaded(x), expected)
 
 
+class FoldersBackend(TorchEagerBackend):
+    """Eager, plus artifact folders the test chooses; loading records what each one held."""
+
+    folders: list[Path] = []
+    loaded: list[dict[str, dict[str, bytes]]] = []
+
+    def to_dict(self):
+        return {**super().to_dict(), "folders": list(self.folders)}
+
+    @classmethod
+    def from_dict(cls, module, state_dict):
+        state = dict(state_dict)
+        cls.loaded.append({f"{i}": {p.name: p.read_bytes() for p in folder.iterdir()}
+                           for i, folder in enumerate(state.pop("folders"))})
+        return super().from_dict(module, state)
+
+
+def test_artifacts_with_the_same_files_are_stored_once_and_each_reference_loads_them(tmp_path):
+    contents = [{"model.bin": b"w" * 4096, "model.xml": b"<net/>"}, {"model.bin": b"w" * 4096, "model.xml": b"<net/>"},
+                {"model.bin": b"w" * 4095 + b"v", "model.xml": b"<net/>"}]
+    FoldersBackend.folders = []
+    for i, files in enumerate(contents):  # copies, not links: equal bytes are enough
+        folder = tmp_path / f"build{i}"
+        folder.mkdir()
+        for name, data in files.items():
+            (folder / name).write_bytes(data)
+        FoldersBackend.folders.append(folder)
+    wrapped = tt.Module(mlp(), name="folders", strategy=tt.OneBackendStrategy(FoldersBackend()))
+    tt.tune(wrapped, [torch.randn(8) for _ in range(2)])
+    tt.save(wrapped, tmp_path / "folders.tt")
+    stored = members(tmp_path / "folders.tt")
+    assert sorted(n for n in stored if n.endswith("model.bin")) == ["artifacts/m0/g0/a0/model.bin",
+                                                                      "artifacts/m0/g0/a2/model.bin"]
+    graph = json.loads(stored["manifest.json"])["modules"][0]["graphs"][0]["backend"]
+    assert graph["artifacts"] == ["artifacts/m0/g0/a0", "artifacts/m0/g0/a2"]
+    forget(wrapped)
+    FoldersBackend.loaded = []
+    tt.load(mlp(), tmp_path / "folders.tt")
+    assert FoldersBackend.loaded == [{f"{i}": files for i, files in enumerate(contents)}]
+
+
 def test_device_map(saved):
     path, x, expected = saved
     model = mlp()

@@ -317,6 +317,8 @@ def test_one_thread_shares_the_ir_of_its_every_core_twin_and_compiles_it_for_one
     monkeypatch.setattr(converter, "to_ov_model", fail)
     backend = OpenVINOBackend(one)
     backend.build(model, spec, [s.sample for s in samples], CPU, tmp_path / "OpenVINOBackend_b")
+    weights = [tmp_path / f"OpenVINOBackend_{c}" / "openvino" / "model.bin" for c in "ab"]
+    assert weights[0].stat().st_ino == weights[1].stat().st_ino  # linked, not copied (one file system here)
     assert int(backend._compiled_model.get_property("INFERENCE_NUM_THREADS")) == 1
     assert int(all_cores._compiled_model.get_property("INFERENCE_NUM_THREADS")) != 1
     for sample in samples:
@@ -369,6 +371,20 @@ def test_tune_with_one_backend_strategy(tmp_path: Path) -> None:
     restored = tt.load(mlp(), path)
     with torch.no_grad():
         torch.testing.assert_close(restored(x), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_loading_a_checkpoint_again_reuses_the_model_openvino_compiled_for_the_first_load(tmp_path: Path) -> None:
+    model = tt.Module(mlp(), name="mlp", strategy=tt.OneBackendStrategy(OpenVINOBackend(OpenVINOBackendConfig(**F32))))
+    tt.tune(model, [torch.randn(8) for _ in range(4)], batch_sizes=[1, 4])
+    path = tt.save(model, tmp_path / "mlp.tt")
+    blobs = tt.config.cache_dir / "openvino_model_cache"
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        expected = mlp()(x)
+        for _ in range(3):  # each load extracts to a folder of its own; the compiled model is keyed by content
+            loaded = tt.load(mlp(), path)
+            torch.testing.assert_close(loaded(x), expected, atol=1e-4, rtol=1e-4)
+            assert [p.suffix for p in blobs.iterdir()] == [".blob"]
 
 
 # inputs -----------------------------------------------------------------------------------------

@@ -2,10 +2,11 @@
 
 Items are the units that can be rebuilt on their own: a candidate's build folder
 (``<cache>/<module>/<graph>/<backend key>/``, touched each time a candidate builds there, including when it
-reuses a converted model) and a stored tuning result (``<cache>/results/<key>.json``, touched when it is
-reused). Only items inside top-level entries that the cache marker lists as torch_tweak's are counted or
+reuses a converted model), a stored tuning result (``<cache>/results/<key>.json``, touched when it is
+reused) and a model OpenVINO compiled for ``tt.load`` (``<cache>/openvino_model_cache/<hash>.blob``, as old as
+its first load: OpenVINO does not say which blob a later load reused). Only items inside top-level entries that the cache marker lists as torch_tweak's are counted or
 deleted (see :mod:`torch_tweak.torch.cache`); items used by the running tuning stay.
-``tt.tune`` calls :func:`enforce_size_limit` when it ends.
+``tt.tune`` and ``tt.load`` call :func:`enforce_size_limit` when they end.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from torch_tweak.torch.cache import read_marker
 from torch_tweak.torch.config import config
 
 logger = logging.getLogger(__name__)
+
+OPENVINO_BLOBS = "openvino_model_cache"  # where OpenVINO keeps the models it compiled for tt.load
+_FILE_ITEMS = {"results": ".json", OPENVINO_BLOBS: ".blob"}  # entries whose items are files: their suffix
 
 
 def _size(path: Path) -> int:
@@ -43,8 +47,8 @@ def cache_items(root: Path) -> list[tuple[float, int, Path]]:
         top = root / entry
         if top.is_symlink() or not top.is_dir():
             continue
-        if entry == "results":
-            candidates = [p for p in top.iterdir() if p.suffix == ".json"]
+        if entry in _FILE_ITEMS:
+            candidates = [p for p in top.iterdir() if p.suffix == _FILE_ITEMS[entry]]
         else:
             candidates = [p for graph in top.iterdir() if graph.is_dir() and not graph.is_symlink()
                           for p in graph.iterdir()]

@@ -84,8 +84,9 @@ class TorchTweakConfig:
             ``"error"`` raises :class:`SignatureMismatchError`, ``"passthrough"`` runs the original
             module (only possible while its weights are still in memory).
         progress: live progress display during ``tt.tune``; None means "when stderr is a terminal".
-        cache_size_limit_gb: after each ``tt.tune`` the least recently used build folders and stored results
-            are deleted until torch_tweak's part of the cache folder is at most this size (None: no limit).
+        cache_size_limit_gb: after each ``tt.tune`` and ``tt.load`` the least recently used build folders, stored
+            results and OpenVINO models compiled at load are deleted until torch_tweak's part of the cache folder is
+            at most this size (None: no limit).
         probe_sequence_lengths: before a graph is tuned, an integer input's axis (after the first) that had one
             length in every recorded call (token ids of sentences of one length) gets one more eager call at half
             that length, so that the axis is tuned dynamic and the tuned module serves any length eager serves

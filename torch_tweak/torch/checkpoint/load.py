@@ -42,6 +42,7 @@ from torch_tweak.torch.checkpoint.manifest import (
     path_text,
     warn_environment,
 )
+from torch_tweak.torch.cache_limit import enforce_size_limit
 from torch_tweak.torch.config import config
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.state import TunedGraph, internals
@@ -264,7 +265,7 @@ def load(obj: Any, path: str | os.PathLike[str], device_map: dict[str, Any] | No
     Raises:
         CheckpointError: the checkpoint is missing, tampered with, or does not match ``obj``; ``obj`` is unchanged.
     """
-    start = time.perf_counter()
+    start, started_at = time.perf_counter(), time.time()
     path = Path(path)
     check_bool(trust_native_code, "trust_native_code")
     with open_verified(path) as archive:
@@ -305,6 +306,7 @@ def load(obj: Any, path: str | os.PathLike[str], device_map: dict[str, Any] | No
         for backend in plan.old_backends:  # release what the module ran before (built in this process)
             if backend not in plan.backends:
                 backend.release()
+    enforce_size_limit(keep_since=started_at)  # what deploying wrote (OpenVINO's compiled models) stays
     logger.info("Loaded %d module(s) from %s in %.2fs", len(plans), path, time.perf_counter() - start)
     root = next((proxy for plan, proxy in zip(plans, proxies) if not plan.entry.path), None)
     return root if root is not None else obj

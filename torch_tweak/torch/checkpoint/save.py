@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import filecmp
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ class _Pending:
 
     artifacts: dict[str, Path] = field(default_factory=dict)
     by_source: dict[Path, dict[str, Any]] = field(default_factory=dict)
+    stored: list[tuple[dict[str, Path], dict[str, Any]]] = field(default_factory=list)  # (files, marker) per artifact
     tensor_files: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
 
@@ -69,13 +71,15 @@ def _add_artifact(pending: _Pending, source: Path, prefix: str, where: str) -> d
                               "cleaned); tune the module again before saving.") from exc
     if resolved in pending.by_source:
         return pending.by_source[resolved]
+    files: dict[str, Path] = {}  # name within the artifact -> file
     if resolved.is_file():
         name = resolved.name if member_name_problem(resolved.name) is None else "artifact"
-        pending.artifacts[f"{prefix}/{name}"] = resolved
+        files[name] = resolved
         marker = {MARKER: "artifact", "kind": "file", "member": f"{prefix}/{name}"}
+        members = {f"{prefix}/{name}": resolved}
     elif resolved.is_dir():
-        for folder, dirs, files in os.walk(resolved):
-            for entry in dirs + files:
+        for folder, dirs, names in os.walk(resolved):
+            for entry in dirs + names:
                 full = Path(folder, entry)
                 relative = full.relative_to(resolved).as_posix()
                 if full.is_symlink() or not (full.is_dir() or full.is_file()):
@@ -86,12 +90,32 @@ def _add_artifact(pending: _Pending, source: Path, prefix: str, where: str) -> d
                     if member_name_problem(member) is not None:
                         raise CheckpointError(f"{where}: the artifact file {relative!r} has a name a checkpoint cannot "
                                               f"hold ({member_name_problem(member)}).")
-                    pending.artifacts[member] = full
+                    files[relative] = full
         marker = {MARKER: "artifact", "kind": "dir", "member": prefix}
+        members = {f"{prefix}/{relative}": full for relative, full in files.items()}
     else:
         raise CheckpointError(f"{where}: the artifact {source} is neither a file nor a folder.")
-    pending.by_source[resolved] = marker
+    # an artifact equal to one already stored (the same IR compiled with two performance hints, say) is stored once
+    twin = next((m for f, m in pending.stored if m["kind"] == marker["kind"] and _same_files(f, files)), None)
+    if twin is None:
+        pending.artifacts.update(members)
+        pending.stored.append((files, marker))
+    pending.by_source[resolved] = marker = twin or marker
     return marker
+
+
+def _same_files(a: dict[str, Path], b: dict[str, Path]) -> bool:
+    """Whether two artifacts hold the same files under the same names, byte for byte (hard links are not read)."""
+    if a.keys() != b.keys():
+        return False
+    try:
+        stats = {name: (a[name].stat(), b[name].stat()) for name in a}
+        if any(x.st_size != y.st_size for x, y in stats.values()):
+            return False
+        return all((x.st_dev, x.st_ino) == (y.st_dev, y.st_ino) or filecmp.cmp(a[name], b[name], shallow=False)
+                   for name, (x, y) in stats.items())
+    except OSError:
+        return False
 
 
 def _graph_entry(pending: _Pending, backend: Backend, spec: GraphSpec, key: Any, tensors: dict[str, torch.Tensor],
@@ -104,7 +128,8 @@ def _graph_entry(pending: _Pending, backend: Backend, spec: GraphSpec, key: Any,
 
     def on_path(path: Path, at: str) -> dict[str, Any]:
         marker = _add_artifact(pending, path, f"{prefix}/a{next(counter)}", f"{where}: {at}")
-        artifacts.append(marker["member"])
+        if marker["member"] not in artifacts:
+            artifacts.append(marker["member"])
         return marker
 
     def on_tensor(tensor: torch.Tensor, at: str) -> dict[str, Any]:

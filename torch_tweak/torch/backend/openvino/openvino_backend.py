@@ -38,6 +38,7 @@ from torch_tweak.torch.backend.openvino.quantize import (
 )
 from torch_tweak.torch.backend.openvino.runner import Runner
 from torch_tweak.torch.cache import cache_folder
+from torch_tweak.torch.cache_limit import OPENVINO_BLOBS
 from torch_tweak.torch.environment import usable_cores
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample
@@ -49,7 +50,6 @@ PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 _PRECISIONS = {"f32": "f32", "fp32": "f32", "float32": "f32", "bf16": "bf16", "bfloat16": "bf16",
                "f16": "f16", "fp16": "f16", "float16": "f16"}
 _REPORTED = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
-MODEL_CACHE_DIR_NAME = "openvino_model_cache"
 IR_DIR_NAME = "openvino"
 #: Config fields applied when compiling an IR, not when converting it.
 _COMPILE_SETTINGS = ("performance_hint", "inference_precision", "num_threads")
@@ -313,7 +313,10 @@ class OpenVINOBackend(Backend):
         if cache is not None:
             config["CACHE_DIR"] = str(cache)
         try:
-            compiled = ov_core().compile_model(str(xml), device, config)
+            # compiled from the read model, not its path: OpenVINO keys a path's cached blob by the path, and each
+            # tt.load extracts to a new folder, so every load would miss and add a model-sized blob to the cache
+            core = ov_core()
+            compiled = core.compile_model(core.read_model(str(xml)), device, config)
             self._runner = Runner(compiled, graph_spec, self._device, self._config.performance_hint)
         except Exception as exc:
             if building:
@@ -364,7 +367,7 @@ def _model_cache_dir(xml: Path, building: bool) -> Path | None:
     torch_tweak's own cache for an IR from a checkpoint, never inside the extracted checkpoint (whose
     members a stranger chose). None when there is no writable place (compiling then takes longer)."""
     try:
-        return secure_mkdir(xml.parent.parent / MODEL_CACHE_DIR_NAME) if building else cache_folder(MODEL_CACHE_DIR_NAME)
+        return secure_mkdir(xml.parent.parent / OPENVINO_BLOBS) if building else cache_folder(OPENVINO_BLOBS)
     except (ConfigError, OSError) as exc:
         logger.debug("No OpenVINO model cache for %s: %s", xml, exc)
         return None
