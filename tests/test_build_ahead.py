@@ -199,6 +199,21 @@ def test_a_background_crash_fails_its_unit_and_the_units_queued_after_it(backgro
     assert isinstance(background.wait(after, 5), Failure)
 
 
+class _FailsToPickle:
+    def __reduce__(self):
+        raise RuntimeError("dictionary changed size during iteration")
+
+
+def test_a_context_that_fails_to_send_fails_its_unit_at_once_instead_of_leaving_the_worker_waiting(background, caplog):
+    caplog.set_level(logging.WARNING, logger="torch_tweak.torch.executor.background")
+    shared = Shared(4, {"weights": torch.zeros(1 << 16), "then": _FailsToPickle()})  # some bytes go out first
+    ticket = background.start(shared, _value, (1,), "unsendable")
+    outcome = background.wait(ticket, 300)
+    assert isinstance(outcome, Failure) and outcome.kind == CRASHED
+    assert "sending it the module failed (RuntimeError: dictionary changed size" in outcome.message
+    assert "its candidates are built in their turn" in caplog.text
+
+
 def test_a_unit_past_its_time_limit_is_stopped(background):
     ticket = background.start(Shared(4, {}), _sleep, (60,), "sleeps")
     outcome = background.wait(ticket, 3)

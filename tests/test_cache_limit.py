@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from checkpoint_helpers import save_mlp
 from toy_models import mlp
 
 import torch_tweak.torch as tt
@@ -60,6 +61,16 @@ def test_tune_keeps_the_cache_under_the_limit():
     tt.tune(wrapped, [torch.randn(8)] * 2)
     assert not stale.exists()
     assert any(p.parent.parent.name == wrapped.name for _, _, p in cache_items(tt.config.cache_dir))
+
+
+def test_load_keeps_the_cache_under_the_limit_and_what_it_extracted(tmp_path):
+    path, x, expected = save_mlp(tmp_path / "mlp.tt")
+    stale = item("stale", "0", "build", size=3_000_000, age_s=1000)
+    tt.config.cache_size_limit_gb = 1e-3  # about 1 MB
+    loaded = tt.load(mlp(), path)
+    assert not stale.exists()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), expected)
 
 
 @pytest.mark.parametrize("value", [0, -1, float("inf"), "1", True])

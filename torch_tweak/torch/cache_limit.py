@@ -4,8 +4,9 @@ Items are the units that can be rebuilt on their own: a candidate's build folder
 (``<cache>/<module>/<graph>/<backend key>/``, touched each time a candidate builds there, including when it
 reuses a converted model), a stored tuning result (``<cache>/results/<key>.json``, touched when it is
 reused) and a model OpenVINO compiled for ``tt.load`` (``<cache>/openvino_model_cache/<hash>.blob``, as old as
-its first load: OpenVINO does not say which blob a later load reused). Only items inside top-level entries that the cache marker lists as torch_tweak's are counted or
-deleted (see :mod:`torch_tweak.torch.cache`); items used by the running tuning stay.
+its first load: OpenVINO does not say which blob a later load reused). Only items inside top-level entries that
+the cache marker lists as torch_tweak's are counted or deleted (see :mod:`torch_tweak.torch.cache`); items used
+by the running tuning or load stay.
 ``tt.tune`` and ``tt.load`` call :func:`enforce_size_limit` when they end.
 """
 

@@ -29,6 +29,7 @@ from torch_tweak.errors import CheckpointError, ConfigError
 from torch_tweak.torch._device import get_device
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.cache import cache_folder
+from torch_tweak.torch.cache_limit import enforce_size_limit
 from torch_tweak.torch.checkpoint import weights
 from torch_tweak.torch.checkpoint.archive import VerifiedArchive, member_name_problem, open_verified
 from torch_tweak.torch.checkpoint.audit import Audit, audit, check_trust, drop_optional_native
@@ -42,7 +43,6 @@ from torch_tweak.torch.checkpoint.manifest import (
     path_text,
     warn_environment,
 )
-from torch_tweak.torch.cache_limit import enforce_size_limit
 from torch_tweak.torch.config import config
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.state import TunedGraph, internals

@@ -151,7 +151,8 @@ class BackgroundBuilds:
                     Failure(ERROR, f"{unit.label} raised in the background worker {worker.name}: {message[1]}",
                             worker.name)
             elif not worker.process.is_alive():
-                self._fail_running(CRASHED, f"its worker died with {describe_exit(worker.process.exitcode)}")
+                failure = self._sender.failure if self._sender is not None else None
+                self._fail_running(CRASHED, failure or f"its worker died with {describe_exit(worker.process.exitcode)}")
             elif (resident := resident_bytes(worker.process.pid or 0)) is not None and resident > self._memory_limit:
                 self._fail_running(OUT_OF_MEMORY, f"its worker reached {resident / 2**30:.1f} GiB of resident "
                                                   f"memory, above the limit of {self._memory_limit / 2**30:.1f} GiB")
@@ -217,6 +218,7 @@ class _Sender:
 
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
+        self.failure: str | None = None  # why sending failed while the worker was alive (it is killed then)
         self._queue: queue.SimpleQueue[_Unit | None] = queue.SimpleQueue()
         threading.Thread(target=self._run, name="torch_tweak-background-sender", daemon=True).start()
 
@@ -234,5 +236,13 @@ class _Sender:
                     worker.contexts.add(unit.shared.token)
                 worker.send(("run", unit.shared.token, unit.fn, unit.args))
             except (OSError, ValueError):  # the worker was killed: its units are failed by the watcher
+                return
+            except Exception as exc:  # noqa: BLE001 - a worker left waiting for the rest of a stream would never end
+                if not worker.process.is_alive():
+                    return
+                self.failure = f"sending it the module failed ({type(exc).__name__}: {exc})"
+                logger.warning("Background worker %s: %s; it is stopped, and its candidates are built in their turn.",
+                               worker.name, self.failure)
+                worker.process.kill()  # the watcher (the caller's thread) fails the running unit with self.failure
                 return
 
