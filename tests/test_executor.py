@@ -173,6 +173,31 @@ def test_a_script_without_a_main_guard_gets_an_error_that_says_how_to_fix_it(tmp
     assert "passthrough" in line and "WorkerError" in line and "if __name__ == '__main__'" in line
 
 
+def test_a_worker_pickles_torch_objects_without_a_module_as_the_caller_does(tmp_path):
+    # Inductor's cache keys pickle tensor metadata; a memory format has no __module__, so pickle names it after the
+    # first module that reaches it. The worker imports the caller's script (which imports torch) as __mp_main__:
+    # unless it is passed over, the worker's keys differ and nothing it compiles is found by the caller's rebuild.
+    script = tmp_path / "formats.py"
+    script.write_text(
+        "import pickle\n"
+        "import torch\n"
+        "from torch_tweak.torch.executor import ProcessExecutor\n"
+        "def pickled(context):\n"
+        "    return pickle.dumps((torch.contiguous_format, torch.channels_last))\n"
+        "if __name__ == '__main__':\n"
+        "    executor = ProcessExecutor()\n"
+        "    outcome = executor.submit(executor.share({}), pickled, (), time_limit_s=120, label='pickle').result()\n"
+        "    executor.close()\n"
+        "    print('WORKER', getattr(outcome, 'value', outcome))\n"
+        "    print('CALLER', pickled(None))\n"
+    )
+    env = {**os.environ, "TORCH_TWEAK_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.startswith(("WORKER", "CALLER")))
+    assert "__mp_main__" not in found["WORKER"] and found["WORKER"] == found["CALLER"]
+
+
 def test_classes_from_an_interactive_session_are_tuned_in_process(tmp_path):
     code = (
         "import torch\n"
