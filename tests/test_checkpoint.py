@@ -159,6 +159,24 @@ def test_artifacts_with_the_same_files_are_stored_once_and_each_reference_loads_
     assert FoldersBackend.loaded == [{f"{i}": files for i, files in enumerate(contents)}]
 
 
+def test_loading_a_checkpoint_again_reuses_the_model_openvino_compiled_for_the_first_load(tmp_path):
+    pytest.importorskip("openvino")
+    from torch_tweak.torch.backend import OpenVINOBackend, OpenVINOBackendConfig
+
+    strategy = tt.OneBackendStrategy(OpenVINOBackend(OpenVINOBackendConfig(inference_precision="f32")))
+    wrapped = tt.Module(mlp(), name="mlp", strategy=strategy)
+    tt.tune(wrapped, [torch.randn(8) for _ in range(4)], batch_sizes=[1, 4])
+    path = tt.save(wrapped, tmp_path / "mlp.tt")
+    blobs = tt.config.cache_dir / "openvino_model_cache"
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        expected = mlp()(x)
+        for _ in range(3):  # each load extracts to a folder of its own; the compiled model is keyed by content
+            loaded = tt.load(mlp(), path)
+            torch.testing.assert_close(loaded(x), expected, atol=1e-4, rtol=1e-4)
+            assert [p.suffix for p in blobs.iterdir()] == [".blob"]
+
+
 def test_device_map(saved):
     path, x, expected = saved
     model = mlp()

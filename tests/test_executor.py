@@ -155,9 +155,21 @@ def test_config_default_is_the_process_executor(monkeypatch):
     assert TorchTweakConfig().executor == "process"
 
 
+def run_script(tmp_path, name: str, text: str) -> dict[str, str]:
+    """Run ``text`` as the script ``name`` (its own main module, as a user's would be); its output lines that start
+    with an upper-case word, by that word."""
+    script = tmp_path / name
+    script.write_text(text)
+    env = {**os.environ, "TORCH_TWEAK_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line.split(" ", 1) for line in done.stdout.splitlines()]
+    return {parts[0]: parts[1] for parts in lines if len(parts) == 2 and parts[0].isupper()}
+
+
 def test_a_script_without_a_main_guard_gets_an_error_that_says_how_to_fix_it(tmp_path):
-    script = tmp_path / "unguarded.py"
-    script.write_text(
+    found = run_script(
+        tmp_path, "unguarded.py",
         "import torch\n"
         "import torch_tweak.torch as tt\n"
         "from torch_tweak.torch.backend import TorchEagerBackend\n"
@@ -166,10 +178,7 @@ def test_a_script_without_a_main_guard_gets_an_error_that_says_how_to_fix_it(tmp
         "report = tt.tune(m, [torch.randn(4) for _ in range(3)], executor='process')\n"
         "print('MODULE', report.modules[0].status, report.modules[0].error)\n"
     )
-    env = {**os.environ, "TORCH_TWEAK_CACHE_DIR": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    line = next(line for line in done.stdout.splitlines() if line.startswith("MODULE"))
+    line = found["MODULE"]
     assert "passthrough" in line and "WorkerError" in line and "if __name__ == '__main__'" in line
 
 
@@ -177,8 +186,8 @@ def test_a_worker_pickles_torch_objects_without_a_module_as_the_caller_does(tmp_
     # Inductor's cache keys pickle tensor metadata; a memory format has no __module__, so pickle names it after the
     # first module that reaches it. The worker imports the caller's script (which imports torch) as __mp_main__:
     # unless it is passed over, the worker's keys differ and nothing it compiles is found by the caller's rebuild.
-    script = tmp_path / "formats.py"
-    script.write_text(
+    found = run_script(
+        tmp_path, "formats.py",
         "import pickle\n"
         "import torch\n"
         "from torch_tweak.torch.executor import ProcessExecutor\n"
@@ -191,10 +200,6 @@ def test_a_worker_pickles_torch_objects_without_a_module_as_the_caller_does(tmp_
         "    print('WORKER', getattr(outcome, 'value', outcome))\n"
         "    print('CALLER', pickled(None))\n"
     )
-    env = {**os.environ, "TORCH_TWEAK_CACHE_DIR": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.startswith(("WORKER", "CALLER")))
     assert "__mp_main__" not in found["WORKER"] and found["WORKER"] == found["CALLER"]
 
 

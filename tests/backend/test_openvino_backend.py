@@ -373,20 +373,6 @@ def test_tune_with_one_backend_strategy(tmp_path: Path) -> None:
         torch.testing.assert_close(restored(x), expected, atol=1e-4, rtol=1e-4)
 
 
-def test_loading_a_checkpoint_again_reuses_the_model_openvino_compiled_for_the_first_load(tmp_path: Path) -> None:
-    model = tt.Module(mlp(), name="mlp", strategy=tt.OneBackendStrategy(OpenVINOBackend(OpenVINOBackendConfig(**F32))))
-    tt.tune(model, [torch.randn(8) for _ in range(4)], batch_sizes=[1, 4])
-    path = tt.save(model, tmp_path / "mlp.tt")
-    blobs = tt.config.cache_dir / "openvino_model_cache"
-    x = torch.randn(3, 8)
-    with torch.no_grad():
-        expected = mlp()(x)
-        for _ in range(3):  # each load extracts to a folder of its own; the compiled model is keyed by content
-            loaded = tt.load(mlp(), path)
-            torch.testing.assert_close(loaded(x), expected, atol=1e-4, rtol=1e-4)
-            assert [p.suffix for p in blobs.iterdir()] == [".blob"]
-
-
 # inputs -----------------------------------------------------------------------------------------
 
 
