@@ -195,7 +195,7 @@ def test_a_worker_pickles_torch_objects_without_a_module_as_the_caller_does(tmp_
         "    return pickle.dumps((torch.contiguous_format, torch.channels_last))\n"
         "if __name__ == '__main__':\n"
         "    executor = ProcessExecutor()\n"
-        "    outcome = executor.submit(executor.share({}), pickled, (), time_limit_s=120, label='pickle').result()\n"
+        "    outcome = executor.submit(executor.share(None), pickled, (), time_limit_s=120, label='pickle').result()\n"
         "    executor.close()\n"
         "    print('WORKER', getattr(outcome, 'value', outcome))\n"
         "    print('CALLER', pickled(None))\n"

@@ -83,7 +83,8 @@ def _main_script_last() -> None:
     script first, so the tensor metadata in Inductor's cache keys pickled as ``__mp_main__.torch.contiguous_format``
     here and as ``torch._utils.torch.contiguous_format`` in the caller: no graph compiled here was ever found by the
     caller's rebuild of the chosen candidate (a BERT-base: 60 s compiled again instead of 20 s). Last in the
-    order, the script is passed over as ``__main__`` is, and both processes name the same module."""
+    order, the script is reached only when no other module names the object, and both processes name torch's own
+    module, imported in the same order by the same script."""
     script = sys.modules.pop("__mp_main__", None)
     if script is not None:
         sys.modules["__mp_main__"] = script
@@ -142,10 +143,9 @@ def main(conn: Connection, num_threads: int, log_level: int, background: bool = 
                 contexts[message[1]] = _Unloadable(traceback.format_exc())
         elif kind == "run":
             _, token, fn, args = message
-            context = contexts.get(token)
-            if context is None or isinstance(context, _Unloadable):
-                why = context.text if isinstance(context, _Unloadable) else "it was never sent"
-                send(("error", f"the worker could not load the tuning context: {why}"))
+            context = contexts.get(token, _Unloadable("it was never sent"))  # None is a context like any other
+            if isinstance(context, _Unloadable):
+                send(("error", f"the worker could not load the tuning context: {context.text}"))
                 continue
             try:
                 value = fn(context, *args)
