@@ -97,10 +97,12 @@ def _add_artifact(pending: _Pending, source: Path, prefix: str, where: str) -> d
         raise CheckpointError(f"{where}: the artifact {source} is neither a file nor a folder.")
     # an artifact equal to one already stored (the same IR compiled with two performance hints, say) is stored once
     twin = next((m for f, m in pending.stored if m["kind"] == marker["kind"] and _same_files(f, files)), None)
-    if twin is None:
+    if twin is not None:
+        marker = twin
+    else:
         pending.artifacts.update(members)
         pending.stored.append((files, marker))
-    pending.by_source[resolved] = marker = twin or marker
+    pending.by_source[resolved] = marker
     return marker
 
 
