@@ -76,7 +76,6 @@ def _add_artifact(pending: _Pending, source: Path, prefix: str, where: str) -> d
         name = resolved.name if member_name_problem(resolved.name) is None else "artifact"
         files[name] = resolved
         marker = {MARKER: "artifact", "kind": "file", "member": f"{prefix}/{name}"}
-        members = {f"{prefix}/{name}": resolved}
     elif resolved.is_dir():
         for folder, dirs, names in os.walk(resolved):
             for entry in dirs + names:
@@ -92,7 +91,6 @@ def _add_artifact(pending: _Pending, source: Path, prefix: str, where: str) -> d
                                               f"hold ({member_name_problem(member)}).")
                     files[relative] = full
         marker = {MARKER: "artifact", "kind": "dir", "member": prefix}
-        members = {f"{prefix}/{relative}": full for relative, full in files.items()}
     else:
         raise CheckpointError(f"{where}: the artifact {source} is neither a file nor a folder.")
     # an artifact equal to one already stored (the same IR compiled with two performance hints, say) is stored once
@@ -100,7 +98,7 @@ def _add_artifact(pending: _Pending, source: Path, prefix: str, where: str) -> d
     if twin is not None:
         marker = twin
     else:
-        pending.artifacts.update(members)
+        pending.artifacts.update({f"{prefix}/{name}": path for name, path in files.items()})
         pending.stored.append((files, marker))
     pending.by_source[resolved] = marker
     return marker
