@@ -118,3 +118,16 @@ def test_static_cache_is_traversed_as_tensors():
     with torch.no_grad():
         actual = wrapped.generate(prompt, max_new_tokens=3, do_sample=False, cache_implementation="static")
     assert torch.equal(actual, expected)
+
+
+def test_the_tiny_pipeline_leaves_no_folder_behind(tmp_path, monkeypatch):
+    pytest.importorskip("diffusers")
+    import tempfile
+
+    from hf_models import tiny_stable_diffusion
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    pipe = tiny_stable_diffusion()
+    assert list(tmp_path.iterdir()) == []
+    ids = pipe.tokenizer("a cat").input_ids  # the tokenizer read its files when built and works without them
+    assert ids[0] == 0 and ids[-1] == 1 and len(ids) > 2

@@ -40,16 +40,18 @@ def tiny_llama():
 def _tiny_clip_tokenizer():
     from transformers import CLIPTokenizer
 
-    folder = tempfile.mkdtemp(prefix="tiny_clip_tokenizer_")
     vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1, "!": 2}
     for ch in "abcdefghijklmnopqrstuvwxyz":
         vocab[ch] = len(vocab)
         vocab[ch + "</w>"] = len(vocab)
-    with open(os.path.join(folder, "vocab.json"), "w") as f:
-        json.dump(vocab, f)
-    with open(os.path.join(folder, "merges.txt"), "w") as f:
-        f.write("#version: 0.2\n")
-    return CLIPTokenizer(os.path.join(folder, "vocab.json"), os.path.join(folder, "merges.txt"), model_max_length=16)
+    # the tokenizer reads both files when it is built and keeps what it read, so the folder goes with the call
+    with tempfile.TemporaryDirectory(prefix="tiny_clip_tokenizer_") as folder:
+        with open(os.path.join(folder, "vocab.json"), "w") as f:
+            json.dump(vocab, f)
+        with open(os.path.join(folder, "merges.txt"), "w") as f:
+            f.write("#version: 0.2\n")
+        return CLIPTokenizer(os.path.join(folder, "vocab.json"), os.path.join(folder, "merges.txt"),
+                             model_max_length=16)
 
 
 def tiny_stable_diffusion():
