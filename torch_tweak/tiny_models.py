@@ -9,11 +9,18 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    import numpy as np
+    from diffusers import StableDiffusionPipeline
+    from transformers import BertModel, CLIPTokenizer, LlamaForCausalLM
 
-def tiny_bert():
+
+def tiny_bert() -> BertModel:
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
@@ -22,13 +29,13 @@ def tiny_bert():
     return BertModel(config).eval()
 
 
-def bert_dataset(lengths=(6, 9, 11, 7)):
+def bert_dataset(lengths: Sequence[int] = (6, 9, 11, 7)) -> list[dict[str, torch.Tensor]]:
     generator = torch.Generator().manual_seed(1)
     return [{"input_ids": torch.randint(1, 100, (n,), generator=generator), "attention_mask": torch.ones(n, dtype=torch.long)}
             for n in lengths]
 
 
-def tiny_llama():
+def tiny_llama() -> LlamaForCausalLM:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -37,7 +44,7 @@ def tiny_llama():
     return LlamaForCausalLM(config).eval()
 
 
-def _tiny_clip_tokenizer():
+def _tiny_clip_tokenizer() -> CLIPTokenizer:
     from transformers import CLIPTokenizer
 
     vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1, "!": 2}
@@ -54,7 +61,7 @@ def _tiny_clip_tokenizer():
                              model_max_length=16)
 
 
-def tiny_stable_diffusion():
+def tiny_stable_diffusion() -> StableDiffusionPipeline:
     """A StableDiffusionPipeline with a 2-layer CLIP text encoder, a tiny UNet and a tiny VAE."""
     from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
@@ -79,7 +86,7 @@ def tiny_stable_diffusion():
     return pipe
 
 
-def run_sd(pipe, prompt):
+def run_sd(pipe: StableDiffusionPipeline, prompt: str | list[str]) -> np.ndarray:
     """Two denoising steps at 16x16 with a fixed seed; returns the image array."""
     generator = torch.Generator().manual_seed(0)
     return pipe(prompt, num_inference_steps=2, height=16, width=16, generator=generator, output_type="np").images
