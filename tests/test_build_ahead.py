@@ -138,6 +138,51 @@ def test_a_screened_candidate_evaluated_in_the_background_is_swept_there(tmp_pat
     assert builds[0]["nice"] == LOWEST and all(b["pid"] in (builds[0]["pid"], os.getpid()) for b in builds)
 
 
+class SlowEagerBackend(TorchEagerBackend):
+    """Eager whose calls take 2 ms more, so that candidates like it measure alike (within a head-to-head's reach)."""
+
+    def describe(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def key(self) -> str:
+        return f"{super().key()}-{type(self).__name__}"
+
+    def _infer(self, *args, **kwargs):
+        time.sleep(0.002)
+        return super()._infer(*args, **kwargs)
+
+
+class RivalBackend(SlowEagerBackend):
+    """A candidate as fast as :class:`SlowBuildsLoggedBackend`, so the two meet in a head-to-head."""
+
+
+class SlowBuildsLoggedBackend(BuildsLoggedBackend):
+    def _infer(self, *args, **kwargs):
+        time.sleep(0.002)
+        return super()._infer(*args, **kwargs)
+
+
+def test_a_head_to_head_serves_the_build_the_background_worker_swept_instead_of_compiling_it_again(tmp_path, caplog):
+    log = tmp_path / "contest.jsonl"
+    strategy = tt.HighestThroughputStrategy([RivalBackend(), SlowBuildsLoggedBackend(str(log))],
+                                            baseline=SlowEagerBackend(), profiling=FAST, eager_margin=0.0,
+                                            screening=True, screening_margin=0.1, batch_routing=False)
+    with caplog.at_level(logging.DEBUG, logger="torch_tweak"):
+        report = tt.tune(tt.Module(mlp(), name="contest", strategy=strategy), DATA, batch_sizes=[1, 2, 4],
+                         executor="process")
+    graph = report.module("contest").graphs[0]
+    assert "timed in turns with" in graph.reason, graph.reason  # the two met
+    builds = _builds(log)
+    background = builds[0]["pid"]
+    assert background != os.getpid() and builds[0]["nice"] == LOWEST
+    # built once in the background worker (and once more here if it was chosen), never by the main worker
+    assert [b["pid"] for b in builds if b["pid"] != os.getpid()] == [background]
+    rival = [r.getMessage() for r in caplog.records if "RivalBackend() built again to be served in turns" in
+             r.getMessage()]
+    assert rival and all(f"[worker pid {background} " in message for message in rival)  # timed there, with it
+    assert not pause.held()
+
+
 def test_a_build_ahead_whose_turn_finds_the_background_busy_is_built_again_by_the_main_worker(tmp_path, caplog):
     log = tmp_path / "busy.jsonl"
     quick, slow = BuildsLoggedBackend(str(log), 0.0, "quick"), BuildsLoggedBackend(str(log), 6.0, "slow")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -10,8 +12,11 @@ from test_measuring_strategies import strategy, tune
 from toy_models import mlp
 
 import torch_tweak.torch as tt
+from torch_tweak.torch.backend import TorchEagerBackend
+from torch_tweak.torch.executor.base import CRASHED, Done, Failure
 from torch_tweak.torch.module.recording import record
 from torch_tweak.torch.profiling import ProfilingConfig
+from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.testing import FakeClock, TimedBackend
 from torch_tweak.torch.tune_strategy.contest import (
     CONTEST_WITHIN,
@@ -22,7 +27,8 @@ from torch_tweak.torch.tune_strategy.contest import (
     block_cycles,
     contest_times,
 )
-from torch_tweak.torch.tune_strategy.results import Plan
+from torch_tweak.torch.tune_strategy.graph_probes import CONTEST_TIMES
+from torch_tweak.torch.tune_strategy.results import Evaluation, Plan
 
 
 @pytest.fixture
@@ -230,3 +236,64 @@ def test_a_route_that_led_by_far_in_the_sweeps_is_kept_without_timing_it_in_turn
             "without timing in turns") in graph.reason
     assert "timed in turns (3 rounds" not in graph.reason
     assert wrapped(torch.randn(1, 8)).shape == (1, 4)
+
+
+class _Ahead:
+    """A background worker that holds ``held`` and answers every unit with ``outcome``."""
+
+    def __init__(self, held: set[str], outcome: Any) -> None:
+        self.held, self.outcome, self.ran = held, outcome, []
+
+    def holds(self, keys: list[str]) -> bool:
+        return any(key in self.held for key in keys)
+
+    def run(self, fn: Any, args: tuple[Any, ...], label: str) -> Any:
+        self.ran.append(label)
+        return self.outcome
+
+
+class _Executor:
+    """An isolated executor whose worker answers every unit with ``times``."""
+
+    def __init__(self, times: list[dict[int, float]]) -> None:
+        self.times, self.submitted = times, []
+
+    def submit(self, shared: Any, fn: Any, args: tuple[Any, ...], *, time_limit_s: float | None, label: str) -> Any:
+        self.submitted.append(label)
+        done = Done(self.times, "pid 2 on here")
+        return type("Pending", (), {"result": lambda self: done})()
+
+
+def _contenders() -> list[Evaluation]:
+    templates = [TimedBackend(FakeClock(), ms_per_call=1.0, label=label) for label in ("built ahead", "other")]
+    return [Evaluation("candidate", CandidateReport(backend=t.describe(), key=t.key()), template=t) for t in templates]
+
+
+@pytest.mark.parametrize(("outcome", "worker_times"), [
+    (Done([{1: 2.0}, {1: 3.0}], "pid 1 on here"), False),  # timed where the build ahead is held
+    (Failure(CRASHED, "its worker died", "pid 1 on here"), True),  # that failed: the worker builds and times all
+], ids=["background", "background-failed"])
+def test_a_head_to_head_runs_in_the_background_worker_that_holds_a_contender(outcome, worker_times, caplog):
+    contenders = _contenders()
+    ahead = _Ahead({contenders[0].template.key()}, outcome)
+    executor = _Executor([{1: 4.0}, {1: 5.0}])
+    task = SimpleNamespace(probed={}, module_name="m", graph_spec=SimpleNamespace(name="0"))
+    with caplog.at_level(logging.INFO, logger="torch_tweak"):
+        times = tt.HighestThroughputStrategy([TorchEagerBackend()])._time_in_turns(task, contenders, [[1], [1]], None, executor, object(), "head-to-head",
+                                          ahead)
+    assert ahead.ran == ["module 'm' graph 0: head-to-head"]
+    assert times == ([{1: 4.0}, {1: 5.0}] if worker_times else [{1: 2.0}, {1: 3.0}])
+    assert len(executor.submitted) == int(worker_times)
+    assert any("in the background worker failed (its worker died)" in r.getMessage() for r in caplog.records) \
+        == worker_times
+    assert list(task.probed[CONTEST_TIMES].values()) == [times]  # kept for a rerun, as any timing in turns
+
+
+def test_a_head_to_head_without_a_held_contender_runs_in_the_worker():
+    contenders = _contenders()
+    ahead = _Ahead({"another candidate"}, Done([], "pid 1 on here"))
+    executor = _Executor([{1: 4.0}, {1: 5.0}])
+    task = SimpleNamespace(probed={}, module_name="m", graph_spec=SimpleNamespace(name="0"))
+    assert tt.HighestThroughputStrategy([TorchEagerBackend()])._time_in_turns(task, contenders, [[1], [1]], None, executor, object(), "head-to-head",
+                                     ahead) == [{1: 4.0}, {1: 5.0}]
+    assert ahead.ran == [] and executor.submitted == ["module 'm' graph 0: head-to-head"]

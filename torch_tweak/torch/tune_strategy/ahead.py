@@ -9,7 +9,9 @@ wait 32 s for Inductor while the background decided, over 37 s under contention,
 the candidate is checked and measured by the background worker on the build it made, while the main worker
 idles (compiling it again there took Inductor 13-25 s on a ResNet-50), and swept there if screening keeps it;
 when the background worker has gone on to its next build by then, the main worker builds, checks and measures
-the candidate as every other, from the compiler's caches the background build warmed on disk.
+the candidate as every other, from the compiler's caches the background build warmed on disk. A build swept there
+stays until the graph's head-to-head, which then runs in the background worker on it (``contest.py``): the main
+worker would compile it again (an Inductor BERT-base: 22.8 s).
 
 Not built ahead: candidates whose results the result cache already has (and none at all when the results of
 every converting candidate, OpenVINO, ONNX Runtime and eager, are reused: there is nothing to overlap), and
@@ -47,13 +49,15 @@ class BuildsAhead:
     """The background builds of one graph's candidates, by backend key."""
 
     def __init__(self, background: Background, shared: Shared, tickets: dict[str, int], task: GraphTask,
-                 time_limit_s: float | None) -> None:
+                 time_limit_s: float | None, hold_swept: bool = False) -> None:
         self._background = background
         self._shared = shared
         self._tickets = tickets
         self._task = task
         self._time_limit_s = time_limit_s
         self._kept: set[str] = set()  # keys of candidates the background worker keeps for their sweep
+        self._hold_swept = hold_swept  # keep them after it too, for the graph's head-to-head
+        self._held: set[str] = set()  # keys of candidates the background worker keeps after their sweep
         self.group = background.group
         if self.group is not None:
             pause.hold([self.group])  # this process's timed calls pause it too
@@ -114,8 +118,21 @@ class BuildsAhead:
         if template.key() not in self._kept:
             return None
         self._kept.discard(template.key())
-        ticket = self._background.start(self._shared, sweep_candidate, (template, role, plan),
+        ticket = self._background.start(self._shared, sweep_candidate, (template, role, plan, self._hold_swept),
                                         f"{describe_task(self._task)} candidate {template.describe()}", first=True)
+        self._background.resume()
+        outcome = self._background.wait(ticket, self._time_limit_s, hold=True)
+        if self._hold_swept and not isinstance(outcome, Failure):
+            self._held.add(template.key())
+        return outcome
+
+    def holds(self, keys: list[str]) -> bool:
+        """Whether the background worker still holds a swept build of one of ``keys`` (and is alive to serve it)."""
+        return self._background.group is not None and any(key in self._held for key in keys)
+
+    def run(self, fn: Any, args: tuple[Any, ...], label: str) -> Outcome:
+        """Run ``fn(context, *args)`` in the background worker before anything queued there, and wait for it."""
+        ticket = self._background.start(self._shared, fn, args, label, first=True)
         self._background.resume()
         return self._background.wait(ticket, self._time_limit_s, hold=True)
 
@@ -191,7 +208,8 @@ def start_builds_ahead(strategy: Any, task: GraphTask, executor: Executor | None
         logger.info("%s: no background builds (%s)", describe_task(task), exc)
         background.close()
         return None
-    ahead = BuildsAhead(background, shared, tickets, task, strategy.candidate_time_limit_s)
+    ahead = BuildsAhead(background, shared, tickets, task, strategy.candidate_time_limit_s,
+                        hold_swept=bool(getattr(strategy, "_contested", False)))
     if ahead.group is None:  # no /proc to tell the worker's start time: its group could not be paused safely
         logger.info("%s: no background builds (this system does not show process start times)", describe_task(task))
         ahead.close()

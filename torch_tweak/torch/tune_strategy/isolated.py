@@ -98,19 +98,24 @@ def _evaluate(context: WorkerContext, template: Backend, role: str, plan: Plan,
     return task.report.candidates[-1], sweep
 
 
-def sweep_candidate(context: WorkerContext, template: Backend, role: str, plan: Plan) -> SweepResult | None:
+def sweep_candidate(context: WorkerContext, template: Backend, role: str, plan: Plan,
+                    hold: bool = False) -> SweepResult | None:
     """In the worker: measure ``plan`` on the candidate kept from screening, or build, check and measure it again
-    (the worker was replaced since); the candidate is released afterwards."""
+    (the worker was replaced since); the candidate is released afterwards, or with ``hold`` kept for the graph's
+    head-to-head (``contest.py``), which then serves this build instead of compiling it again."""
     pause.hold_only(context.paused)
     backend = context.kept.pop(template.key(), None)
     if backend is None:
-        return evaluate_candidate(context, template, role, plan)[1]
+        return evaluate_candidate(context, template, role, plan, keep=hold)[1]
     try:
         with priority.normal():
             return context.strategy._measure_backend(backend, context.task, plan, None)
     finally:
-        release_quietly(backend)
-        _return_freed_memory()
+        if hold:
+            context.kept[template.key()] = backend
+        else:
+            release_quietly(backend)
+            _return_freed_memory()
 
 
 def build_ahead(context: WorkerContext, template: Backend) -> float | str | None:

@@ -218,10 +218,10 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Conte
                 evaluations = self._evaluate_all(task, plan, screen, cache, executor, shared, ahead)
                 if screen is not None:
                     self._sweep_survivors(task, evaluations, plan, screen, cache, executor, shared, ahead)
+                winner, contest = self._contest(task, evaluations, plan, executor, shared, ahead)
             finally:
                 if ahead is not None:
                     ahead.close()
-            winner, contest = self._contest(task, evaluations, plan, executor, shared)
             while True:  # a reused result serves once built and checked again; then routes are worked out again
                 best = winner if winner is not None and winner.qualified else self._best(evaluations)
                 chosen, reason = self._choose(task, evaluations, best)

@@ -223,8 +223,9 @@ def sent(routes: Routes | None, chosen: Evaluation) -> Sent:
 
 
 def serve_in_worker(context: WorkerContext, routings: list[Sent], time: Callable[[list[Backend]], T]) -> T:
-    """In the worker: build each routing's candidates again (confirmed as a rebuild is), serve each routing (a
-    router, or its one candidate) and return what ``time`` measures on those servings; all are released."""
+    """In the worker: build each routing's candidates again (confirmed as a rebuild is; a build the worker holds
+    from its sweep serves as it is), serve each routing (a router, or its one candidate) and return what ``time``
+    measures on those servings; all are released."""
     strategy, task = context.strategy, context.task
     pause.hold_only(context.paused)
     built: dict[str, Backend] = {}
@@ -232,10 +233,14 @@ def serve_in_worker(context: WorkerContext, routings: list[Sent], time: Callable
         servings: list[Backend] = []
         for routing in routings:
             for _, template, role, row in routing:
-                if template.key() not in built:
+                if template.key() not in built and template.key() in context.kept:
+                    built[template.key()] = context.kept.pop(template.key())
+                elif template.key() not in built:
                     private = replace(task, report=GraphReport(name=task.report.name))
-                    built[template.key()] = strategy.try_backend(template, private, role, confirm=True,
-                                                                 judged=row)[0]
+                    built[template.key()], rebuilt = strategy.try_backend(template, private, role, confirm=True,
+                                                                          judged=row)
+                    logger.debug("%s: %s built again to be served in turns in %.1f s", describe_task(task),
+                                 rebuilt.backend, rebuilt.build_time_s or 0.0)
             backends = [(bound, built[template.key()]) for bound, template, _, _ in routing]
             servings.append(backends[0][1] if len(backends) == 1 else
                             BatchRouterBackend(backends, task.graph_spec))  # type: ignore[arg-type]
