@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from torch_tweak.torch.backend.backend import Backend
@@ -130,7 +131,7 @@ class BuildsAhead:
         """Whether the background worker still holds a swept build of one of ``keys`` (and is alive to serve it)."""
         return self._background.group is not None and any(key in self._held for key in keys)
 
-    def run(self, fn: Any, args: tuple[Any, ...], label: str) -> Outcome:
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], label: str) -> Outcome:
         """Run ``fn(context, *args)`` in the background worker before anything queued there, and wait for it."""
         ticket = self._background.start(self._shared, fn, args, label, first=True)
         self._background.resume()
