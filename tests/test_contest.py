@@ -18,7 +18,9 @@ from torch_tweak.torch.module.recording import record
 from torch_tweak.torch.profiling import ProfilingConfig
 from torch_tweak.torch.report.report import CandidateReport
 from torch_tweak.torch.testing import FakeClock, TimedBackend
+from torch_tweak.torch.tune_strategy import contest as contest_module
 from torch_tweak.torch.tune_strategy.contest import (
+    BLOCK_PAUSE_S,
     CONTEST_WITHIN,
     MIN_WIN,
     ROUNDS,
@@ -157,6 +159,37 @@ def test_a_contest_block_ends_at_its_share_of_max_calls_or_at_max_time(clock, tm
     warm = 1 + (ROUNDS if ms_per_call / 1000 < 0.05 else 0)  # the warm-up cycle, and an untimed one per short block
     assert [b.calls for b in backends] == [timed + warm] * 2
     assert block_cycles(profiling) * ROUNDS >= max_calls
+
+
+class _Logged(TimedBackend):
+    """A timed backend that appends its label to ``log`` at each call."""
+
+    log: list[str] = []
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        self.log.append(self.timing.label)
+        return super()._infer(*args, **kwargs)
+
+
+@pytest.mark.parametrize(("pause_s", "slept"), [(0.2, BLOCK_PAUSE_S), (0.01, 0.01), (0.0, None)])
+def test_each_contest_block_starts_after_the_previous_runtimes_threads_had_time_to_go_idle(
+        clock, tmp_path, monkeypatch, pause_s, slept):
+    log: list[str] = []
+    monkeypatch.setattr(_Logged, "log", log)
+    monkeypatch.setattr(contest_module, "time", SimpleNamespace(sleep=lambda s: log.append(f"pause {s}")))
+    model = mlp()
+    ((spec, samples),) = record(model, [(4, ((torch.randn(4, 8),), {}))])
+    backends = [_Logged(clock, ms_per_call=125.0, label=label) for label in ("a", "b")]
+    for backend in backends:
+        backend.build(model, spec, [s.sample for s in samples], torch.device("cpu"), tmp_path / backend.key())
+    profiling = ProfilingConfig(clock=clock, pause_s=pause_s, min_time_s=0, min_calls=1, window_size=3,
+                                 max_calls=3, max_time_s=0.1)
+    plan = Plan(batch_sizes=[4], batched=False, sample=samples[0].sample)
+    log.clear()
+    contest_times(backends, spec, torch.device("cpu"), plan, [[4], [4]], profiling)
+    blocks = ["a", "b", "b", "a", "a", "b"]  # after the warm-up call of each: the rounds rotate the order
+    expected = ["a", "b"] + [e for label in blocks for e in ([f"pause {slept}"] if slept else []) + [label]]
+    assert log == expected
 
 
 def test_scores_of_either_sign_compare_as_factors():

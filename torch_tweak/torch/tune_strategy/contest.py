@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,11 @@ MAX_RIVALS = 2  # at most this many rivals (the closest), so a contest costs a f
 ROUNDS = 3  # timed blocks per contender
 MIN_WIN = 1.03  # a rival must beat the best in turns by this factor to replace it (no flapping between equals)
 _WARM_CYCLE_MAX_S = 0.05  # a block starts with an untimed cycle when one takes less (switching costs show there)
+#: Seconds each block waits first (at most ``ProfilingConfig.pause_s``), so the previous block's runtime's threads go
+#: idle: ONNX Runtime's spin for a while after a call, and a BERT-base's OpenVINO call at batch 1 that followed one
+#: took 168 against 145 ms (8 pairs each, 2-vCPU EPYC), and 145 ms after a 50 ms pause. An untimed cycle of short
+#: calls ends long before such threads do.
+BLOCK_PAUSE_S = 0.05
 
 
 def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device, plan: Plan,
@@ -54,9 +60,9 @@ def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device
     A block runs cycles of one call at each of the backend's sizes for ``profiling.max_time_s`` (at least one
     cycle), or until it has made :func:`block_cycles` of them: all blocks of a contender together make as many calls
     per size as one sweep measurement at most, so that short calls are not timed for seconds (an MLP 256-512-256
-    spent 5 of its 30 s of tuning in three 0.5 s blocks of 40 µs calls per contender). When a cycle is short, the
-    block's first one is untimed, so the previous backend's thread pools winding down and cold caches fall on no
-    timed call.
+    spent 5 of its 30 s of tuning in three 0.5 s blocks of 40 µs calls per contender). Each block starts after a
+    pause of :data:`BLOCK_PAUSE_S` (the previous backend's threads going idle) and, when a cycle is short, with an
+    untimed cycle (cold caches), so neither falls on a timed call.
     """
     made: dict[tuple[int, ...], CallCycle] = {}  # contenders timed at the same sizes share their inputs
     cycles = []
@@ -67,11 +73,14 @@ def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device
     clock = profiling.clock
     times: list[dict[int, list[float]]] = [{size: [] for size in own} for own in sizes]
     most = block_cycles(profiling)
+    settle = min(BLOCK_PAUSE_S, profiling.pause_s)
     with torch.no_grad(), paused():
         short = [cycle(backend, None) < _WARM_CYCLE_MAX_S  # also the warm-up
                  for cycle, backend in zip(cycles, backends, strict=True)]
         for r in range(ROUNDS):
             for i in [(r + j) % len(backends) for j in range(len(backends))]:
+                if settle > 0:
+                    time.sleep(settle)
                 if short[i]:
                     cycles[i](backends[i], None)
                 begin, made_here = clock(), 0
