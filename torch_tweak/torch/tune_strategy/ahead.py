@@ -119,10 +119,8 @@ class BuildsAhead:
         if template.key() not in self._kept:
             return None
         self._kept.discard(template.key())
-        ticket = self._background.start(self._shared, sweep_candidate, (template, role, plan, self._hold_swept),
-                                        f"{describe_task(self._task)} candidate {template.describe()}", first=True)
-        self._background.resume()
-        outcome = self._background.wait(ticket, self._time_limit_s, hold=True)
+        outcome = self.run(sweep_candidate, (template, role, plan, self._hold_swept),
+                           f"{describe_task(self._task)} candidate {template.describe()}")
         if self._hold_swept and not isinstance(outcome, Failure):
             self._held.add(template.key())
         return outcome
