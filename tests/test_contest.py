@@ -98,6 +98,39 @@ def test_a_rival_level_in_turns_does_not_replace_the_best(clock):
     assert f"{best.describe()} kept (a rival must win by {MIN_WIN:.2f}x)" in _contest_part(graph.reason)
 
 
+def _against_eager(clock, eager_ms: float, ms_per_call: float, drift: float,
+                   slow_at_first: float = 1.0) -> tuple[_OnMachine, _OnMachine, Any]:
+    """Tune one candidate (``ms_per_call``; its calls set the machine's slowdown to ``drift``) against an eager
+    baseline of ``eager_ms`` per call, swept first, on the machine running ``slow_at_first`` times slower."""
+    machine = _Machine()
+    machine.slowdown = slow_at_first
+    eager = _OnMachine(clock, machine, ms_per_call=eager_ms, label="eager")
+    candidate = _OnMachine(clock, machine, drift=drift, ms_per_call=ms_per_call, label="candidate")
+    strat = strategy(tt.HighestThroughputStrategy, clock, [candidate], baseline=eager, screening=False,
+                     batch_routing=False)
+    _, _, graph = tune(strat)
+    return candidate, eager, graph
+
+
+def test_the_eager_gate_decides_on_calls_timed_in_turns_when_the_sweeps_put_eager_close(clock):
+    # Eager is swept on the fast machine (1.0 ms); the candidate, truly 1.25x faster (0.8 ms), starts a drift as its
+    # sweep begins and looks 0.78x eager (1.28 ms). In turns both run on the slow machine: 1.6 against 1.28 ms.
+    candidate, eager, graph = _against_eager(clock, eager_ms=1.0, ms_per_call=0.8, drift=1.6)
+    assert graph.chosen == candidate.describe()
+    assert f"{candidate.describe()} 1.28 at batch 8; {eager.describe()} 1.6 at batch 8" in graph.reason
+    assert f"{candidate.describe()} 1.25x eager in turns" in graph.reason
+    assert "1.25x eager's throughput timed in turns (the eager gate needs >= 1.05x)" in graph.reason
+
+
+def test_a_lead_over_eager_the_sweeps_owe_to_a_drift_does_not_pass_the_eager_gate(clock):
+    # The machine runs 1.2x slow while eager is swept (1.2 ms); the candidate's first call ends that (0.999), so
+    # its sweep looks 1.2x eager although the two are level, as they are in turns.
+    candidate, eager, graph = _against_eager(clock, eager_ms=1.0, ms_per_call=1.0, drift=0.999, slow_at_first=1.2)
+    assert graph.chosen == eager.describe()
+    assert graph.reason.startswith(f"eager gate: the best candidate {candidate.describe()} reached only 1.00x "
+                                   "eager's throughput timed in turns (sweeps: ")
+
+
 def test_only_rivals_close_to_the_best_are_timed_again(clock):
     fast = TimedBackend(clock, ms_per_call=1.0, label="fast")
     close = TimedBackend(clock, ms_per_call=1.2, label="close")

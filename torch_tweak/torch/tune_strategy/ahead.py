@@ -58,7 +58,7 @@ class BuildsAhead:
         self._time_limit_s = time_limit_s
         self._kept: set[str] = set()  # keys of candidates the background worker keeps for their sweep
         self._hold_swept = hold_swept  # keep them after it too, for the graph's head-to-head
-        self._held: set[str] = set()  # keys of candidates the background worker keeps after their sweep
+        self._held: set[str] = set()  # keys of candidates it keeps after their sweep (or full evaluation) there
         self.group = background.group
         if self.group is not None:
             pause.hold([self.group])  # this process's timed calls pause it too
@@ -68,8 +68,9 @@ class BuildsAhead:
 
         Returns the reason a stand-in rule skips the candidate when the background worker decided that for good
         (its int8 probe: timed there in process CPU time too, which neither a pause nor a busy core inflates);
-        the candidate's evaluation (:func:`evaluate_candidate`, ``keep`` as there) by the background worker on the
-        build it made, when that worker has nothing else running (the main worker idles meanwhile); or None: the
+        the candidate's evaluation (:func:`evaluate_candidate`, ``keep`` as there; a build measured on the full plan is
+        kept too when the strategy holds head-to-heads, which then serve it) by the background worker on the build it
+        made, when that worker has nothing else running (the main worker idles meanwhile); or None: the
         main worker builds, checks and measures it, its build starting from the compiler's warm caches.
 
         After an evaluation there, the background worker starts its next build only in a turn the main worker
@@ -100,7 +101,8 @@ class BuildsAhead:
             logger.info("%s: %s; the main worker builds it again in its turn, from the compiler's warm caches",
                         describe_task(self._task), built)
             return None
-        evaluation = background.start(self._shared, evaluate_candidate, (template, role, plan, keep),
+        hold = keep or self._hold_swept  # a full plan measured there: the build serves the head-to-head too
+        evaluation = background.start(self._shared, evaluate_candidate, (template, role, plan, hold),
                                       f"{describe_task(self._task)} candidate {name}", first=True)
         background.resume()
         evaluated = background.wait(evaluation, self._time_limit_s, hold=True)
@@ -112,6 +114,8 @@ class BuildsAhead:
         logger.info("%s: %s, and checked and measured there in its turn", describe_task(self._task), built)
         if keep:
             self._kept.add(template.key())
+        elif hold and not isinstance(evaluated, Failure) and evaluated.value[1] is not None:
+            self._held.add(template.key())
         return Finished(evaluated)
 
     def sweep(self, template: Backend, role: str, plan: Plan) -> Outcome | None:

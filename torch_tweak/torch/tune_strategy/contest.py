@@ -111,6 +111,7 @@ class Contests:
     """Mixed into ``MeasuringStrategy``: the head-to-head of close contenders before a graph's choice."""
 
     candidate_time_limit_s: float | None
+    eager_margin: float
     profiling: ProfilingConfig
     #: Whether the strategy holds contests (not when its metric needs more than a median per size, a p99 say).
     _contested = False
@@ -122,39 +123,53 @@ class Contests:
 
     def _contest(self: Any, task: GraphTask, evaluations: list[Evaluation], plan: Plan,
                  executor: Executor | None, shared: Shared | None,
-                 ahead: BuildsAhead | None = None) -> tuple[Evaluation | None, str]:
+                 ahead: BuildsAhead | None = None) -> tuple[Evaluation | None, str, float | None]:
         """The best candidate after a head-to-head with its close rivals (or the sweeps' best when there are none),
-        and what the graph's reason adds. When the background worker still holds a contender it built and swept,
-        the head-to-head runs there, on that build (an Inductor BERT-base compiled again from the compiler's
-        caches took 22.8 s in the main worker; the OpenVINO and ONNX Runtime contenders load in about 1 s)."""
+        what the graph's reason adds, and the winner's speed-up over eager timed in turns (None: eager was not).
+
+        Eager joins when the sweeps put the best's speed-up over eager within :data:`CONTEST_WITHIN` of the eager
+        gate's ``1 + eager_margin`` either way, so the gate decides on calls timed in turns too: a BERT-base's
+        sweeps put eager at 7.1/s and ONNX Runtime at 7.0/s at batch 8, measured minutes apart, and eager kept
+        batch 8, which served at 5.0/s against ONNX Runtime's 5.9/s when the two alternated. When the background
+        worker still holds a contender it built and measured, the head-to-head runs there, on that build (an
+        Inductor BERT-base compiled again from the compiler's caches took 22.8 s in the main worker; the OpenVINO
+        and ONNX Runtime contenders load in about 1 s)."""
         best = self._best(evaluations)
         if best is None or not self._contested:
-            return best, ""
+            return best, "", None
         rivals = sorted((e for e in evaluations if e is not best and e.role != BASELINE and e.qualified
                          and e.template is not None and self._speedup(best.pick, e.pick) < CONTEST_WITHIN),
                         key=lambda e: self._speedup(best.pick, e.pick))[:MAX_RIVALS]
-        if not rivals or best.template is None:
-            return best, ""
-        contenders = [best, *rivals]
+        gate = 1.0 + self.eager_margin  # eager joins where the sweeps' verdict of the eager gate is a close one
+        eager = next((e for e in evaluations if e.role == BASELINE and e.qualified and e.template is not None
+                      and gate / CONTEST_WITHIN < self._speedup(best.pick, e.pick) < gate * CONTEST_WITHIN), None)
+        if not (rivals or eager) or best.template is None:
+            return best, "", None
+        contenders = [best, *rivals, *([eager] if eager is not None else [])]
         sizes = [[e.pick.batch_size] for e in contenders]  # type: ignore[union-attr]  # the size each was judged at
-        names = ", ".join(e.row.backend for e in rivals)
+        names = ", ".join(e.row.backend for e in contenders[1:])
         times = self._time_in_turns(task, contenders, sizes, plan, executor, shared, f"head-to-head with {names}",
                                     ahead)
         if isinstance(times, str):
-            return best, f"; a head-to-head with {names} was not run ({times})"
+            return best, f"; a head-to-head with {names} was not run ({times})", None
         scores = [self._contest_score(t) for t in times]
-        top = max(range(1, len(contenders)), key=lambda i: scores[i])
-        won = _beats(scores[top], scores[0])
-        winner = contenders[top] if won else best
+        at, verdict = 0, ""  # the winner's index
+        if rivals:
+            top = max(range(1, len(rivals) + 1), key=lambda i: scores[i])
+            won = _beats(scores[top], scores[0])
+            at = top if won else 0
+            verdict = (f"{contenders[top].row.backend} won, by {_factor(scores[top], scores[0]):.2f}x" if won else
+                       f"{best.row.backend} kept (a rival must win by {MIN_WIN:.2f}x)")
+        winner = contenders[at]
+        versus_eager = _factor(scores[at], scores[-1]) if eager is not None else None
+        if versus_eager is not None:
+            verdict += ("; " if verdict else "") + f"{winner.row.backend} {versus_eager:.2f}x eager in turns"
         per_call = "; ".join(f"{e.row.backend} {t[size]:.3g} at batch {size}"
                              for e, t, (size,) in zip(contenders, times, sizes, strict=True))
         note = (f"; timed in turns with {names} ({ROUNDS} rounds, p50 ms per call at the batch size its sweep judged "
-                f"each by: {per_call}): "
-                + (f"{winner.row.backend} won, by {_factor(scores[top], scores[0]):.2f}x" if won else
-                   f"{best.row.backend} kept (a rival must win by {MIN_WIN:.2f}x)"))
+                f"each by: {per_call}): {verdict}")
         logger.info("%s: head-to-head%s", describe_task(task), note[1:])
-        return winner, note
-
+        return winner, note, versus_eager
 
     def _time_in_turns(self: Any, task: GraphTask, contenders: list[Evaluation], sizes: list[list[int]], plan: Plan,
                        executor: Executor | None, shared: Shared | None, what: str,

@@ -1,6 +1,7 @@
 """The eager gate: the best candidate serves only if it beats eager by the strategy's ``eager_margin``.
 
-Mixed into ``MeasuringStrategy`` (``measuring_base.py``); the subclasses (``measuring.py``) say how a pick is scored
+The speed-up is the one the head-to-head timed in turns when eager took part in it (``contest.py``: the sweeps
+put the two close), else the ratio of the two sweeps' picks. Mixed into ``MeasuringStrategy`` (``measuring_base.py``); the subclasses (``measuring.py``) say how a pick is scored
 against eager's and described.
 """
 
@@ -16,7 +17,9 @@ class EagerGate:
     """Chooses between the best candidate and the eager baseline, with the reason the report gives (``self`` is a
     ``MeasuringStrategy``: its ``eager_margin``, ``metric_name``, ``_speedup`` and ``_describe_pick``)."""
 
-    def _choose(self: Any, task: GraphTask, evaluations: list[Evaluation], best: Evaluation | None) -> tuple[Evaluation, str]:
+    def _choose(self: Any, task: GraphTask, evaluations: list[Evaluation], best: Evaluation | None,
+                in_turns: float | None = None) -> tuple[Evaluation, str]:
+        """``best`` or eager, and the reason; ``in_turns``: ``best``'s speed-up over eager timed in turns, if it was."""
         eager = evaluations[0]
         margin = 1.0 + self.eager_margin
         if best is None and eager.pick is None:
@@ -33,11 +36,12 @@ class EagerGate:
                           "the eager gate could not be applied")
         if eager.pick is None:
             return best, f"{self._describe_pick(best.pick)}; eager does not qualify, so the eager gate does not apply"
-        ratio = self._speedup(best.pick, eager.pick)
+        ratio = self._speedup(best.pick, eager.pick) if in_turns is None else in_turns
+        how = "" if in_turns is None else " timed in turns"
         if ratio >= margin:
-            return best, (f"{self._describe_pick(best.pick)}, {ratio:.2f}x eager's {self.metric_name} "
+            return best, (f"{self._describe_pick(best.pick)}, {ratio:.2f}x eager's {self.metric_name}{how} "
                           f"(the eager gate needs >= {margin:.2f}x)")
         return eager, (f"eager gate: the best candidate {best.row.backend} reached only {ratio:.2f}x eager's "
-                       f"{self.metric_name} ({self._describe_pick(best.pick)} vs eager "
+                       f"{self.metric_name}{how} (sweeps: {self._describe_pick(best.pick)} vs eager "
                        f"{self._describe_pick(eager.pick)}), below the {margin:.2f}x required "
                        f"(eager_margin={self.eager_margin}); eager stays")

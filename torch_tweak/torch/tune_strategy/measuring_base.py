@@ -218,13 +218,13 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Conte
                 evaluations = self._evaluate_all(task, plan, screen, cache, executor, shared, ahead)
                 if screen is not None:
                     self._sweep_survivors(task, evaluations, plan, screen, cache, executor, shared, ahead)
-                winner, contest = self._contest(task, evaluations, plan, executor, shared, ahead)
+                winner, contest, versus_eager = self._contest(task, evaluations, plan, executor, shared, ahead)
             finally:
                 if ahead is not None:
                     ahead.close()
             while True:  # a reused result serves once built and checked again; then routes are worked out again
                 best = winner if winner is not None and winner.qualified else self._best(evaluations)
-                chosen, reason = self._choose(task, evaluations, best)
+                chosen, reason = self._choose(task, evaluations, best, versus_eager if best is winner else None)
                 routes = batch_routes(chosen, evaluations, 1.0 + self.eager_margin) if self._routes_batches else None
                 if not (missing := unbuilt([chosen] if routes is None else [e for _, e in routes])):
                     break
