@@ -1,8 +1,8 @@
 """The eager gate: the best candidate serves only if it beats eager by the strategy's ``eager_margin``.
 
 The speed-up is the one the head-to-head timed in turns when eager took part in it (``contest.py``: the sweeps
-put the two close), else the ratio of the two sweeps' picks. Mixed into ``MeasuringStrategy`` (``measuring_base.py``); the subclasses (``measuring.py``) say how a pick is scored
-against eager's and described.
+put the two close), else the ratio of the two sweeps' picks. Mixed into ``MeasuringStrategy``
+(``measuring_base.py``); the subclasses (``measuring.py``) say how a pick is scored against eager's and described.
 """
 
 from __future__ import annotations
