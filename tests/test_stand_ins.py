@@ -188,6 +188,28 @@ def test_torchao_is_skipped_on_a_graph_whose_linear_layers_do_almost_none_of_the
                                     "multiply-adds, and compiles the rest like TorchInductorBackend(), measured above")
 
 
+def test_onnxruntime_int8_is_skipped_on_a_graph_whose_linear_layers_do_almost_none_of_the_work() -> None:
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from torch_tweak.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+    int8 = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(quantization="int8_dynamic"))
+    strategy = tt.HighestThroughputStrategy([ONNXRuntimeBackend(), int8], screening=False)
+    model = tt.Module(cnn(), name="cnn_ort", strategy=strategy)
+    report = tt.tune(model, [torch.randn(3, 16, 16) for _ in range(4)], batch_sizes=[1, 2], executor="inline")
+    rows = {c.backend: c for c in report.modules[0].graphs[0].candidates}
+    assert rows["ONNXRuntimeBackend()"].status in ("passed", "chosen")
+    skipped = rows[int8.describe()]
+    assert skipped.status == "skipped" and skipped.build_time_s is None
+    assert skipped.error.startswith("skipped: its dynamic int8 quantizes nn.Linear layers only, which do 0.04% of "
+                                    "this graph's multiply-adds, and runs the rest in float like ONNXRuntimeBackend(), "
+                                    "measured above")
+    on_linear_layers = tt.Module(mlp(), name="mlp_ort", strategy=strategy)
+    report = tt.tune(on_linear_layers, [torch.randn(8) for _ in range(4)], batch_sizes=[1, 2], executor="inline")
+    (row,) = [c for c in report.modules[0].graphs[0].candidates if c.backend.startswith(int8.describe())]
+    assert row.status != "skipped" and row.build_time_s is not None  # measured ("+ non-finite guard": int8)
+
+
 @pytest.mark.parametrize(("model", "sample", "order"), [
     (mlp, torch.randn(2, 8), ["TorchAOBackend", "TorchInductorBackend", "TorchInductorAOTBackend"]),
     (cnn, torch.randn(2, 3, 16, 16), ["TorchInductorBackend", "TorchInductorAOTBackend", "TorchAOBackend"]),

@@ -99,7 +99,9 @@ def assemble(meta: dict[str, Any], mode: Mode, dispatch: dict[str, Any], results
     notes = {w: {k: {"error": e["tune"].get("error"), "candidates": e["tune"].get("candidates"),
                      "measured_runners": e["tune"].get("measured_runners"), "ov_config": e["tune"].get("ov_config"),
                      "eval_stats": e["tune"].get("eval_stats"), "int8": e["tune"].get("int8"),
-                     "ort_config": e["tune"].get("ort_config"), "remarks": e["tune"].get("notes") or [],
+                     "ort_config": e["tune"].get("ort_config"),
+                     "ort_int8": {k: e["tune"][k] for k in ("export_s", "quantize_s", "model_mb") if k in e["tune"]}
+                     if "quantize_s" in e["tune"] else None, "remarks": e["tune"].get("notes") or [],
                      "load_errors": [r.get("error") for r in e.get("loads", []) if not r.get("ok")]}
                  for k, e in entries.items()} for w, entries in results.items()}
     return {"meta": meta, "dispatch": dispatch, "rows": rows, "notes": notes, "serve": serve.summarize(results, mode),
@@ -352,8 +354,9 @@ def _notes(data: dict[str, Any]) -> list[str]:
            "latency (THROUGHPUT: submit to completion); each figure is the median over the repetitions, ±half "
            "their range. x eager and x best peer are speed-ups (higher is better: throughput / reference, "
            "reference latency / latency); the best peer is the best of torch.compile, OpenVINO (by hand, default "
-           "precision or INT8, or through torch.compile), ONNX Runtime by hand, AITune and Model Navigator on that "
-           "metric at that batch size, whatever its error; the summary also gives the best peer within the task bound.",
+           "precision or INT8, or through torch.compile), ONNX Runtime by hand (default precision or dynamic INT8), "
+           "AITune and Model Navigator on that metric at that batch size, whatever its error; the summary also gives "
+           "the best peer within the task bound.",
            "* max rel err: largest |output - eager| over the measured batches, divided by the largest |eager| "
            "output. OpenVINO computes in bf16 by default on CPUs that have it; TorchAO quantizes to int8.",
            "* Task metric: each system runs held-out inputs (never the tuning samples) and is compared with eager "
@@ -376,10 +379,14 @@ def _notes(data: dict[str, Any]) -> list[str]:
            "batch 1; the layers it leaves unquantized "
            "run in OpenVINO's default precision (bf16 here). ONNX Runtime: `torch.onnx.export` (torch's default "
            "exporter) with dynamic batch (and sequence) axes, `InferenceSession` with CPUExecutionProvider, default "
-           "graph optimizations, intra-op threads = cores.",
+           "graph optimizations, intra-op threads = cores. ONNX Runtime INT8: the same export, then "
+           "`onnxruntime.quantization.quantize_dynamic` with its defaults (QInt8 weights, per tensor, every op type "
+           "it quantizes, no `reduce_range`, which ORT's documentation advises on AVX2/AVX-512 CPUs without VNNI "
+           "against int8 saturation; no calibration: activations are quantized at each call) and the same session.",
            "* tune s: wall time of tuning (torch.compile: compiling and the first call at each measured batch "
-           "size; OpenVINO: convert, save and compile). load→1st output: a fresh process from interpreter start "
-           "through imports, building the model (torch systems), loading the saved result and the first "
+           "size; OpenVINO: convert, save and compile; ONNX Runtime: export, INT8 also quantize_dynamic, and session "
+           "creation). load→1st output: a fresh process from interpreter start through imports, building the model "
+           "(torch systems), loading the saved result and the first "
            "inference at batch 1; torch.compile has no artifact, so it compiles again with the compiler cache the "
            "tune left behind. Peak RSS: ru_maxrss of the tuning process / of the fresh load process.",
            f"* Repetitions: {meta['settings']['reps']} per batch size, about {meta['settings']['rep_time_s']} s "
@@ -413,6 +420,11 @@ def _notes(data: dict[str, Any]) -> list[str]:
                 q = note["int8"]
                 out.append(f"* {workload} / OpenVINO INT8: NNCF {q['nncf']}, {q['calibration']}, options "
                            f"{q['options'] or 'none'}; convert {q['convert_s']:.1f} s, quantize {q['quantize_s']:.1f} s.")
+            if note.get("ort_int8"):
+                q, mb = note["ort_int8"], note["ort_int8"].get("model_mb") or {}
+                out.append(f"* {workload} / ONNX Runtime INT8: export {q.get('export_s', float('nan')):.1f} s, "
+                           f"quantize_dynamic {q['quantize_s']:.{1 if q['quantize_s'] >= 1 else 2}f} s"
+                           + (f"; model {mb['fp32']:.1f} MB float32 -> {mb['int8']:.1f} MB" if mb else "") + ".")
             for remark in note.get("remarks") or []:
                 out.append(f"* {workload} / {BY_KEY[key].title}: {remark}.")
     return out

@@ -18,7 +18,8 @@ from peers.systems import BY_KEY, Mode
 from peers.workloads import TASKS, WORKLOADS
 
 SERVED = ("eager", "inductor", "ov_compile", "ov_throughput", "ov_latency", "ov_int8_throughput", "ov_int8_latency",
-          "onnxruntime", "onnxruntime_torch", "ov_latency_torch", "ov_int8_latency_torch", "tt_loaded")
+          "onnxruntime", "onnxruntime_int8", "onnxruntime_torch", "onnxruntime_int8_torch", "ov_latency_torch",
+          "ov_int8_latency_torch", "tt_loaded")
 MINE = "tt_loaded"
 
 

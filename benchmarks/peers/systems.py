@@ -37,11 +37,17 @@ SYSTEMS: list[System] = [
            "run_openvino.py", "OpenVINO INT8 LATENCY"),
     System("onnxruntime", "ONNX Runtime by hand: torch.onnx.export, CPU provider, default optimizations",
            "run_onnxruntime.py", "ONNX Runtime"),
+    System("onnxruntime_int8", "ONNX Runtime INT8 by hand: torch.onnx.export, "
+           "onnxruntime.quantization.quantize_dynamic (defaults, QInt8 weights), CPU provider", "run_onnxruntime.py",
+           "ONNX Runtime INT8"),
     # The by-hand peers above are timed on a numpy array built once and reused, returning numpy. A PyTorch program
     # holds tensors: these time the same artifacts called with a tensor, converted on each call, and return one.
     System("onnxruntime_torch", "ONNX Runtime by hand, torch tensors in and out: "
            "torch.from_numpy(session.run(None, {name: x.numpy()})[0])", "run_onnxruntime.py",
            "ONNX Runtime, torch I/O", load=False, default=False, serves="onnxruntime", torch_io=True),
+    System("onnxruntime_int8_torch", "ONNX Runtime INT8 by hand, torch tensors in and out (as above)",
+           "run_onnxruntime.py", "ONNX Runtime INT8, torch I/O", load=False, default=False, serves="onnxruntime_int8",
+           torch_io=True),
     System("ov_latency_torch", "OpenVINO by hand, LATENCY hint, torch tensors in and out: "
            "torch.from_numpy(request.infer({0: x.numpy()}, share_inputs=True).to_tuple()[0])", "run_openvino.py",
            "OpenVINO LATENCY, torch I/O", load=False, default=False, serves="ov_latency", torch_io=True),
@@ -90,8 +96,9 @@ QUICK = Mode(
                               "tt_loaded")},
     skipped=["AITune and Model Navigator run on the MLP only (on the CNN and the encoder each takes 2-4 minutes "
              "to tune on 2 cores; --full runs them everywhere)",
-             "the worst-case CNN (random weights, noise inputs) runs only eager, OpenVINO LATENCY (default and "
-             "INT8), ONNX Runtime and tt.tune (its point is the error of reduced precision; --full runs everything)",
+             "the worst-case CNN (random weights, noise inputs) runs only eager, OpenVINO LATENCY and ONNX Runtime "
+             "(each in default precision and INT8) and tt.tune (its point is the error of reduced precision; --full "
+             "runs everything)",
              "ResNet-50 at batch 32 and the encoder at batch 8 are not measured",
              "the CNN and the encoder are tuned at batch sizes 1 and 2 only (full: up to 32 and 8)",
              "one fresh-process load per system (full: 3)",

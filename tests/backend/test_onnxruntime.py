@@ -151,6 +151,7 @@ def test_import_and_config_do_not_import_onnxruntime() -> None:
     code = (
         "import sys; from torch_tweak.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig;"
         "ONNXRuntimeBackend(ONNXRuntimeBackendConfig(quantization='int8_dynamic')).describe();"
+        "ONNXRuntimeBackend.default_variants();"
         "bad = [m for m in ('onnxruntime', 'onnx', 'onnxscript') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -170,9 +171,20 @@ def test_config_defaults_describe_key_round_trip() -> None:
     assert ONNXRuntimeBackendConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     assert backend.executed_precision == "int8" and ONNXRuntimeBackend().executed_precision == "fp32"
     assert ONNXRuntimeBackend.runtime == "onnxruntime" and not ONNXRuntimeBackend.native_code
-    assert [b.describe() for b in ONNXRuntimeBackend.default_variants()] == ["ONNXRuntimeBackend()"]
     assert backend.precision_fallback().describe() == ("ONNXRuntimeBackend(graph_optimization_level=basic,"
                                                        "intra_op_num_threads=1,execution_mode=parallel)")
+
+
+@pytest.mark.parametrize("onnx_installed", [True, False])
+def test_default_variants_add_dynamic_int8_only_where_onnx_can_quantize(monkeypatch: pytest.MonkeyPatch,
+                                                                        onnx_installed: bool) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (real(name, *a) if onnx_installed else None) if name == "onnx" else real(name, *a))
+    expected = ["ONNXRuntimeBackend()"] + (["ONNXRuntimeBackend(quantization=int8_dynamic)"] if onnx_installed else [])
+    assert [b.describe() for b in ONNXRuntimeBackend.default_variants()] == expected
 
 
 @pytest.mark.parametrize(
@@ -472,6 +484,31 @@ def test_a_twin_that_differs_in_threads_only_shares_the_outputs_key_and_copies_t
     with caplog.at_level("INFO", logger="torch_tweak"):
         other.build(model, spec, [s.sample for s in samples], CPU, tmp_path / "graph" / "ONNXRuntimeBackend_c")
     assert "Reusing" not in caplog.text
+
+
+def test_int8_quantizes_the_float_candidates_export_instead_of_exporting_again(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                                caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("onnx")
+    from torch_tweak.torch.backend import onnxruntime as ort_backend
+
+    first, spec, samples, model = build("mlp", tmp_path / "graph" / "ONNXRuntimeBackend_a")
+    exports: list[Path] = []
+    real = ort_backend.export_onnx
+    monkeypatch.setattr(ort_backend, "export_onnx", lambda *a: exports.append(a[3]) or real(*a))
+    int8 = ONNXRuntimeBackend(INT8)
+    with caplog.at_level("INFO", logger="torch_tweak"):
+        int8.build(model, spec, [s.sample for s in samples], CPU, tmp_path / "graph" / "ONNXRuntimeBackend_b")
+    assert exports == [] and "Quantizing the ONNX model of" in caplog.text
+    float_file = tmp_path / "graph" / "ONNXRuntimeBackend_a" / "onnxruntime" / "model.onnx"
+    assert float_file.is_file() and int8.to_dict()["onnx_model"].read_bytes() != float_file.read_bytes()
+    assert not (tmp_path / "graph" / "ONNXRuntimeBackend_b" / "exported.onnx").exists()
+    for sample in samples:
+        assert_close(int8.infer(*sample.args), sample.outputs, atol=0.1)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # other weights: the float model no longer fits, so the graph is exported
+    ONNXRuntimeBackend(INT8).build(model, spec, [s.sample for s in samples], CPU, tmp_path / "graph" / "ONNXRuntimeBackend_c")
+    assert len(exports) == 1 and not (tmp_path / "graph" / "ONNXRuntimeBackend_c" / "exported.onnx").exists()
 
 
 def test_a_twin_whose_model_cannot_be_copied_exports_its_own(tmp_path: Path, caplog) -> None:

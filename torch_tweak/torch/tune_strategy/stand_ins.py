@@ -44,6 +44,10 @@ tens of seconds (a ResNet-50 on 2 cores: TorchAO 39 s, Inductor 61 s, Inductor A
   skipped only below what screening keeps, half the best). With freezing or autotuning switched on in Inductor's
   process-wide config, no bound applies.
 
+* ONNX Runtime's dynamic int8 (``quantization="int8_dynamic"``) quantizes the ``MatMul`` weights of ``nn.Linear``
+  layers and runs everything else as its float configuration does: on a graph whose linear layers do less than
+  :data:`LINEAR_SHARE` of the multiply-adds it is skipped once that float candidate was measured.
+
 * A candidate that runs on fewer threads than the runtime would use (OpenVINO's ``num_threads=1``) can win only where
   a call is mostly the threads' hand-offs between operations, so it is skipped once its every-core twin
   (:meth:`~torch_tweak.torch.backend.Backend.every_core_twin`) was measured and its shortest call took
@@ -134,6 +138,7 @@ STATIC_INT8_LEAD = "0.06-0.79x"
 #: A thread-limited candidate is skipped when its every-core twin's shortest measured call took this long or more.
 THREADS_PAY_OFF_MS = 1.0
 _INDUCTOR, _AOT, _TORCHAO = "TorchInductorBackend", "TorchInductorAOTBackend", "TorchAOBackend"
+_ORT = "ONNXRuntimeBackend"
 
 
 class StandIns:
@@ -166,6 +171,12 @@ class StandIns:
                           + bound.removeprefix("its default compile "))
             elif template.key() == _default_key(_TORCHAO):
                 reason = self._measured_stand_in(template, task, evaluations) or _small_matrices_reason(task)
+        elif name == _ORT and (fallback := template.precision_fallback()) is not None:
+            float_model = measured.get(fallback.key())
+            share = probed_linear_share(task)
+            if float_model is not None and share is not None and share < LINEAR_SHARE:
+                reason = (f"its dynamic int8 quantizes nn.Linear layers only, which do {share:.2%} of this graph's "
+                          f"multiply-adds, and runs the rest in float like {float_model.row.backend}, measured above")
         elif name in (_INDUCTOR, _AOT) and template.key() == _default_key(name):
             sibling = measured.get(_default_key(_AOT if name == _INDUCTOR else _INDUCTOR))
             if sibling is not None and sibling.row.status == CandidateStatus.SCREENED_OUT:
