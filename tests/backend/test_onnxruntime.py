@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -342,6 +343,36 @@ def test_input_variants_and_bad_inputs(built) -> None:
     encoder, _, samples, _ = built("encoder")
     with pytest.raises(UnsupportedInputError, match="does not match graph"):
         encoder.infer(*samples[0].args)
+
+
+def test_the_non_finite_guard_checks_the_array_the_session_is_fed(tmp_path: Path) -> None:
+    from torch_tweak.torch.backend.non_finite_guard import NonFiniteGuardBackend
+
+    backend, spec, samples, model = build("mlp", tmp_path)
+    fed: list[object] = []
+    run = backend._session._run
+    backend._session._run = lambda names, feed, options: fed.append(next(iter(feed.values()))) or run(names, feed, options)
+    checked: list[object] = []
+
+    def array_ok(array: object) -> bool:
+        checked.append(array)
+        return bool(torch.from_numpy(array).isfinite().all())
+
+    guard = NonFiniteGuardBackend(backend, model, spec, "test")
+    assert guard.serving().__qualname__ == backend.checked_serving(array_ok, None, None).__qualname__
+    serve = backend.checked_serving(array_ok, lambda args, kwargs: "refused", lambda *a, **k: "other")
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        assert_close(serve(x), model(x))
+        assert len(fed) == len(checked) == 1 and fed[0] is checked[0]  # one view, checked and fed
+        assert serve(torch.full((2, 8), math.nan)) == "refused" and len(fed) == 1
+        assert serve(x, x) == "other" and serve(x=x) == "other"
+        poisoned = x.clone()
+        poisoned[1, 2] = math.inf
+        torch.testing.assert_close(guard.serving()(poisoned), model(poisoned), equal_nan=True)
+    assert guard.diverted_calls == 1
+    (encoder, *_) = build("encoder", tmp_path / "encoder")
+    assert encoder.checked_serving(array_ok, None, None) is None  # two inputs: the guard's general walk
 
 
 def test_concurrent_calls_are_safe(built) -> None:

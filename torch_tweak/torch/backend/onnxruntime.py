@@ -147,20 +147,35 @@ class _Session:
         """``self(args, kwargs)`` as a function of the call. A graph of one positional tensor and one output that
         needs no cast (the common small model) goes straight to the binding; any other call takes the general path."""
         general = self.__call__
+
+        def other(*args: Any, **kwargs: Any) -> Any:
+            return general(args, kwargs)
+
+        return self.checked_serving(None, None, other) or other
+
+    def checked_serving(self, array_ok: Callable[[Any], bool] | None, refused: Callable[..., Any] | None,
+                        other: Callable[..., Any]) -> Callable[..., Any] | None:
+        """The short path of :meth:`serving` (None where the graph does not allow it), which first asks ``array_ok``
+        (when given) about the call's numpy view and hands a call it refuses to ``refused(args, kwargs)``; calls the
+        short path cannot take go to ``other``. The non-finite guard checks the view the session is fed: next to
+        onnxruntime's spinning threads a second view and the guard's general walk cost an MLP 256-512-256 at batch
+        32 more than a tenth of its 95 µs int8 call (AVX2 EPYC, 2 cores)."""
         if not (self._leaves.single_positional and len(self._feeds) == 1 and self._single and not self._casts):
-            return lambda *args, **kwargs: general(args, kwargs)
+            return None
         name, run, names, from_numpy, options = (self._feeds[0][0], self._run, self._output_names, torch.from_numpy,
                                                  self._options)
 
         def serve(*args: Any, **kwargs: Any) -> Any:
             if kwargs or len(args) != 1:
-                return general(args, kwargs)
+                return other(*args, **kwargs)
             try:
-                feed = {name: args[0].numpy()}
+                array = args[0].numpy()
             except (RuntimeError, TypeError, AttributeError):
-                return general(args, kwargs)
+                return other(*args, **kwargs)
+            if array_ok is not None and not array_ok(array):
+                return refused(args, kwargs)  # type: ignore[misc]
             try:
-                return from_numpy(run(names, feed, options)[0])
+                return from_numpy(run(names, {name: array}, options)[0])
             except Exception as exc:  # as in __call__
                 raise self._input_error(args, exc) from exc
 
@@ -348,6 +363,13 @@ class ONNXRuntimeBackend(Backend):
 
     def _serving(self) -> Callable[..., Any]:
         return self._session.serving()  # type: ignore[union-attr]
+
+    def checked_serving(self, array_ok: Callable[[Any], bool], refused: Callable[..., Any],
+                        other: Callable[..., Any]) -> Callable[..., Any] | None:
+        """The session's short path with ``array_ok`` asked first (see :meth:`Backend.checked_serving`)."""
+        if not self.is_active or self._session is None:
+            return None
+        return self._session.checked_serving(array_ok, refused, other)
 
     def to_dict(self) -> dict[str, Any]:
         """Type, config, graph spec, device and the ONNX model to store (a :class:`pathlib.Path`)."""
