@@ -562,6 +562,28 @@ def test_a_twin_whose_model_cannot_be_copied_exports_its_own(tmp_path: Path, cap
         assert_close(twin.infer(*sample.args), sample.outputs)
 
 
+def test_quantizing_leaves_the_applications_logging_as_it_was(tmp_path: Path) -> None:
+    """onnxruntime.quantization's advice to its own users stays out of the application's log; its root logger keeps
+    its handlers and filters."""
+    import logging
+
+    pytest.importorskip("onnx")
+    root = logging.getLogger()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    root.addHandler(handler)
+    handlers, filters = list(root.handlers), list(root.filters)
+    try:
+        build("mlp", tmp_path, INT8)
+        logging.getLogger("somewhere.else").warning("an application's own warning")
+    finally:
+        root.removeHandler(handler)
+    assert list(root.handlers) == [h for h in handlers if h is not handler] and list(root.filters) == filters
+    assert not [r for r in records if "pre-processing" in r.getMessage()]
+    assert [r.getMessage() for r in records if r.name == "somewhere.else"] == ["an application's own warning"]
+
+
 @pytest.mark.parametrize("saturates", [True, False])
 def test_int8_weights_take_seven_bits_where_int8_kernels_saturate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                   saturates: bool) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
+import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,17 +94,32 @@ def _secure(path: Path) -> None:
         secure_file(data)
 
 
+class _QuantizerAdvice(logging.Filter):
+    """Drops onnxruntime.quantization's warnings (advice to its own users: "Please consider to run pre-processing
+    before quantization...") into this module's debug log; its errors pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR or f"onnxruntime{os.sep}quantization" not in record.pathname:
+            return True
+        logger.debug("onnxruntime.quantization: %s", record.getMessage())
+        return False
+
+
 @contextlib.contextmanager
 def _root_logger_untouched() -> Iterator[None]:
     """onnxruntime.quantization warns through ``logging.warning``, which configures the root logger when it has
-    no handler; a temporary NullHandler keeps the application's logging as it was."""
+    no handler; a temporary NullHandler keeps the application's logging as it was, and a filter keeps its advice
+    out of the application's log (in a worker process the root logger forwards to the caller's handlers)."""
     root = logging.getLogger()
     guard = logging.NullHandler() if not root.handlers else None
+    advice = _QuantizerAdvice()
     if guard is not None:
         root.addHandler(guard)
+    root.addFilter(advice)
     try:
         yield
     finally:
+        root.removeFilter(advice)
         if guard is not None:
             root.removeHandler(guard)
 
