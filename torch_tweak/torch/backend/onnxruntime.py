@@ -241,19 +241,12 @@ class ONNXRuntimeBackend(Backend):
 
     @classmethod
     def default_variants(cls) -> list[Backend]:
-        """The fp32 model with every graph optimization and one thread per usable core, then, where ``onnx`` is
-        installed (onnxruntime's quantization tools need it), the same model with dynamic INT8 ``MatMul`` weights,
-        quantized from the fp32 candidate's export.
-
-        The INT8 variant is where ONNX Runtime wins on CPUs without VNNI or AMX, whose int8 matrix multiplies
-        OpenVINO and TorchAO run no faster than float: a BERT-base at sequence 128 on 2 cores of an AVX2 EPYC ran
-        77 against 135 ms at batch 1 and 595 against 1043 ms at batch 8 (eager: 171 and 1060 ms), its token vectors
-        within cosine 0.9992 of eager's. It quantizes ``nn.Linear`` layers only, so on a CNN a stand-in rule skips it
-        (:mod:`~torch_tweak.torch.tune_strategy.stand_ins`). (A one-thread twin was no faster: a 256-512-256 MLP on
-        2 cores of a Sapphire Rapids Xeon, each session in its own process, ran 16-17 against 17-19 µs a call at
-        batch 1 and 21-22 against 20-23 µs at batch 4, and 82 against 102 µs at batch 32, and on the AVX2 EPYC 33-34
-        against 25-26 µs at batch 1; sessions of both in one process slow each other, which made one thread look
-        20 % faster.)"""
+        """The fp32 model (every graph optimization, one thread per usable core) and, where ``onnx`` is installed,
+        its dynamic INT8 variant, quantized from the fp32 candidate's export: on CPUs without VNNI or AMX it is the
+        int8 that runs faster than float (a BERT-base on 2 cores of an AVX2 EPYC: 77 against 135 ms at batch 1,
+        cosine 0.9992 of eager; docs/backends.md). On a CNN a stand-in rule skips it. A one-thread twin is not a
+        candidate: measured on 256-512-256 MLPs, each session in its own process, it was no faster on a Sapphire
+        Rapids Xeon and slower on the AVX2 EPYC (33-34 against 25-26 µs at batch 1)."""
         variants: list[Backend] = [cls()]
         if importlib.util.find_spec("onnx") is not None:
             variants.append(cls(ONNXRuntimeBackendConfig(quantization="int8_dynamic")))

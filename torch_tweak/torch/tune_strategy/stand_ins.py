@@ -44,9 +44,8 @@ tens of seconds (a ResNet-50 on 2 cores: TorchAO 39 s, Inductor 61 s, Inductor A
   skipped only below what screening keeps, half the best). With freezing or autotuning switched on in Inductor's
   process-wide config, no bound applies.
 
-* ONNX Runtime's dynamic int8 (``quantization="int8_dynamic"``) quantizes the ``MatMul`` weights of ``nn.Linear``
-  layers and runs everything else as its float configuration does: on a graph whose linear layers do less than
-  :data:`LINEAR_SHARE` of the multiply-adds it is skipped once that float candidate was measured.
+* ONNX Runtime's dynamic int8 quantizes ``nn.Linear`` layers only: below :data:`LINEAR_SHARE` it is skipped once
+  its float configuration, which runs the rest alike, was measured.
 
 * A candidate that runs on fewer threads than the runtime would use (OpenVINO's ``num_threads=1``) can win only where
   a call is mostly the threads' hand-offs between operations, so it is skipped once its every-core twin
@@ -137,8 +136,7 @@ MIN_CALL_MS = 1.0
 STATIC_INT8_LEAD = "0.06-0.79x"
 #: A thread-limited candidate is skipped when its every-core twin's shortest measured call took this long or more.
 THREADS_PAY_OFF_MS = 1.0
-_INDUCTOR, _AOT, _TORCHAO = "TorchInductorBackend", "TorchInductorAOTBackend", "TorchAOBackend"
-_ORT = "ONNXRuntimeBackend"
+_INDUCTOR, _AOT, _TORCHAO, _ORT = "TorchInductorBackend", "TorchInductorAOTBackend", "TorchAOBackend", "ONNXRuntimeBackend"
 
 
 class StandIns:
