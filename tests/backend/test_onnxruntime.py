@@ -94,6 +94,28 @@ class Outlier(nn.Module):
         return self.lin(torch.cat([x, x.new_full((*x.shape[:-1], 1), 1e4)], dim=-1))
 
 
+class PaddedCausalAttention(nn.Module):
+    """Causal self-attention over a left-padded batch (batched generation): a pad position's query row sees no key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.qkv, self.out = nn.Linear(16, 48), nn.Linear(16, 16)
+        self.eval()
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        mask = torch.ones(s, s, dtype=torch.bool).tril() & attention_mask.bool()[:, None, None, :]
+        return self.out(nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, s, 16))
+
+
+def left_padded_call(batch: int, seq: int) -> tuple:
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[0, : seq // 2] = 0
+    return (torch.randn(batch, seq, 16),), {"attention_mask": mask}
+
+
 def encoder_call(batch: int, seq: int) -> tuple:
     ids = torch.randint(0, 100, (batch, seq))
     mask = torch.ones(batch, seq, dtype=torch.long)
@@ -108,6 +130,8 @@ MODELS = {  # factory, recorded calls (batch, sample), calls outside the recorde
             lambda: [((torch.randn(b, 3, 8, 8),), {}) for b in (1, 17)]),
     "encoder": (Encoder, lambda: [(b, encoder_call(b, s)) for b, s in ((2, 5), (3, 7))],
                 lambda: [encoder_call(b, s) for b, s in ((1, 3), (6, 5), (2, 40), (9, 2))]),
+    "padded_attention": (PaddedCausalAttention, lambda: [(b, left_padded_call(b, s)) for b, s in ((2, 6), (3, 8))],
+                         lambda: [left_padded_call(b, s) for b, s in ((1, 4), (5, 7), (2, 33))]),
 }
 
 

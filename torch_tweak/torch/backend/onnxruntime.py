@@ -26,7 +26,7 @@ from torch import nn
 from torch_tweak.errors import BuildError, CheckpointError, UnsupportedDeviceError, UnsupportedInputError
 from torch_tweak.torch.backend._artifact_reuse import copy_files, fingerprint, forget, matches, record
 from torch_tweak.torch.backend._export import CallLeaves
-from torch_tweak.torch.backend._onnx import export_onnx, quantize_int8_dynamic, require
+from torch_tweak.torch.backend._onnx import OPSET, export_onnx, quantize_int8_dynamic, require
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.environment import usable_cores
 from torch_tweak.torch.module.spec import GraphSpec
@@ -272,7 +272,7 @@ class ONNXRuntimeBackend(Backend):
         self._graph_spec = graph_spec
         folder = secure_mkdir(cache_dir / "onnxruntime")
         settings = {k: v for k, v in self._config.to_dict().items() if k not in self._config.scheduling_settings}
-        versions = {"torch": torch.__version__, "onnxruntime": import_onnxruntime().__version__}
+        versions = {"torch": torch.__version__, "onnxruntime": import_onnxruntime().__version__, "opset": OPSET}
         fp = fingerprint(module, graph_spec, settings, versions)
         model = folder / MODEL_NAME
         if model.is_file() and matches(cache_dir, fp):  # built before from the same weights, graph and settings
