@@ -82,7 +82,7 @@ WORKLOADS: dict[str, Workload] = {
                          (3, 224, 224), "classifier", 100, 1, inputs="image"),
     "resnet50_random": Workload("resnet50_random", "ResNet-50-shaped CNN 224x224, random weights, noise inputs "
                                 "(worst case)", (1, 32), (3, 224, 224), "classifier", 100, 1),
-    "bert": Workload("bert", "BERT-base-shaped encoder seq 128", (1, 8), (128,), "encoder", 32, 1, inputs="tokens",
+    "bert": Workload("bert", "BERT-base-shaped encoder seq 128", (1, 32), (128,), "encoder", 32, 1, inputs="tokens",
                      dtype=torch.long, vocab=30522),
 }
 CALIBRATION_BATCHES = 4  # batches of 8 image-like inputs that set the default CNN's batch-norm statistics
