@@ -17,6 +17,8 @@ from torch import nn
 
 pytest.importorskip("onnxruntime")
 
+from toy_models import PaddedCausalAttention, left_padded_call  # noqa: E402
+
 import torch_tweak.torch as tt  # noqa: E402
 from torch_tweak.errors import (  # noqa: E402
     BackendStateError,
@@ -92,28 +94,6 @@ class Outlier(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.lin(torch.cat([x, x.new_full((*x.shape[:-1], 1), 1e4)], dim=-1))
-
-
-class PaddedCausalAttention(nn.Module):
-    """Causal self-attention over a left-padded batch (batched generation): a pad position's query row sees no key."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.qkv, self.out = nn.Linear(16, 48), nn.Linear(16, 16)
-        self.eval()
-
-    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, 2, 8).permute(2, 0, 3, 1, 4)
-        mask = torch.ones(s, s, dtype=torch.bool).tril() & attention_mask.bool()[:, None, None, :]
-        return self.out(nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, s, 16))
-
-
-def left_padded_call(batch: int, seq: int) -> tuple:
-    mask = torch.ones(batch, seq, dtype=torch.long)
-    mask[0, : seq // 2] = 0
-    return (torch.randn(batch, seq, 16),), {"attention_mask": mask}
 
 
 def encoder_call(batch: int, seq: int) -> tuple:

@@ -81,8 +81,31 @@ def to_ov_model(module: nn.Module, graph_spec: GraphSpec, data: list[Sample], us
                 model = ov.convert_model(FlatForward(module, graph_spec).eval(), example_input=tuple(leaves))
             except Exception as exc:
                 raise _conversion_error("OpenVINO conversion (TorchScript trace)", exc, use_dynamo) from exc
+    _zero_fully_masked_rows(model)
     _apply_graph_spec(ov, model, graph_spec)
     return model
+
+
+def _zero_fully_masked_rows(model: Any) -> None:
+    """Make OpenVINO's ScaledDotProductAttention return zeros for a query row whose boolean mask is all False, as
+    eager does; OpenVINO returns NaN there (a pad position under a causal mask in a left-padded batch, so the
+    OpenVINO candidates of a GPT-2 or Llama tuned on such batches failed their check). Such a row attends to every
+    key instead, and its output is zeroed."""
+    from openvino import opset13 as ops
+
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "ScaledDotProductAttention" or node.get_input_size() < 4:
+            continue
+        mask = node.input_value(3)
+        if mask.get_element_type().get_type_name() != "boolean":
+            continue
+        seen = ops.reduce_logical_or(mask, ops.constant([-1]), keep_dims=True)  # [..., queries, 1]
+        node.input(3).replace_source_output(ops.logical_or(mask, ops.logical_not(seen)).output(0))
+        output = node.output(0)
+        users = list(output.get_target_inputs())
+        zeroed = ops.select(seen, output, ops.constant(0, output.get_element_type()))
+        for user in users:
+            user.replace_source_output(zeroed.output(0))
 
 
 def _partial_shape(ov: Any, spec: TensorSpec) -> Any:
@@ -115,7 +138,8 @@ def _apply_graph_spec(ov: Any, model: Any, graph_spec: GraphSpec) -> None:
 def fingerprint(module: nn.Module, graph_spec: GraphSpec, config: dict[str, Any]) -> str | None:
     """A hash of everything the IR depends on (:mod:`~torch_tweak.torch.backend._artifact_reuse`)."""
     ov = import_openvino()
-    return artifact_fingerprint(module, graph_spec, config, {"torch": torch.__version__, "openvino": ov.__version__})
+    return artifact_fingerprint(module, graph_spec, config, {"torch": torch.__version__, "openvino": ov.__version__,
+                                                             "masked_rows": "zeroed"})
 
 
 def cached_ir(ir_dir: Path, fp: str | None) -> Path | None:
