@@ -2,9 +2,9 @@
 
 The graph is exported with ``torch.onnx``'s dynamo exporter (``torch.export`` capture, shared with OpenVINO's
 conversion in the same process by :func:`~._export.export_program`, then onnxscript translation at opset
-:data:`OPSET` and onnxscript's graph optimizer): it folds batch norm into convolutions and keeps every symbolic axis symbolic, where the
-TorchScript exporter bakes sizes into the reshapes of ``nn.TransformerEncoder`` (the model then fails at any
-other batch size). The module runs through :class:`~._export.FlatForward`, so ONNX inputs and outputs are the graph's
+:data:`OPSET` and onnxscript's graph optimizer): it folds batch norm into convolutions and keeps every symbolic
+axis symbolic, where the TorchScript exporter bakes sizes into the reshapes of ``nn.TransformerEncoder`` (the
+model then fails at any other batch size). The module runs through :class:`~._export.FlatForward`, so ONNX inputs and outputs are the graph's
 tensors in :class:`GraphSpec` order and are named after the tensor specs.
 
 Every batch and dynamic axis is exported unbounded (:func:`~torch_tweak.torch.backend._export.dynamic_shapes`):
@@ -102,7 +102,7 @@ def _expand_attention_masks(model: Any) -> None:
     """Give every Attention mask the query length on its second-to-last axis. ONNX lets that axis broadcast (a key
     padding mask of shape [batch, 1, 1, keys], as nn.MultiheadAttention passes it), onnxruntime 1.32's kernel does not
     ("inconsistent q_sequence_length (between attn_mask and Q)")."""
-    import onnx_ir as ir
+    from onnxscript import ir  # onnxscript's own IR package (onnx_ir)
 
     for node in list(model.graph.all_nodes()):
         if node.op_type != "Attention" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 4:
