@@ -79,6 +79,42 @@ def test_llm_generate_prefill_and_decode_graphs_give_same_tokens():
     assert torch.equal(actual, expected)
 
 
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_llm_tuned_on_left_padded_batches_keeps_eager_logits(runtime):
+    """Batched generation pads prompts on the left, so under the causal mask a pad position's query sees no key,
+    and eager's attention returns zeros there. ONNX Runtime (opset-20 export) and OpenVINO (NaN) used to differ on
+    those rows, and their candidates failed the check on such a model."""
+    pytest.importorskip(runtime)
+    from hf_models import tiny_llama
+
+    from torch_tweak.torch.backend import ONNXRuntimeBackend, OpenVINOBackend, OpenVINOBackendConfig
+
+    backend = ONNXRuntimeBackend() if runtime == "onnxruntime" else OpenVINOBackend(
+        OpenVINOBackendConfig(inference_precision="f32"))
+    generator = torch.Generator().manual_seed(5)
+
+    def prompt(pads: int) -> dict[str, torch.Tensor]:
+        mask = torch.ones(10, dtype=torch.long)
+        mask[:pads] = 0
+        return {"input_ids": torch.randint(1, 100, (10,), generator=generator), "attention_mask": mask}
+
+    batch = [prompt(p) for p in (4, 0, 7)]
+    ids, mask = (torch.stack([b[k] for b in batch]) for k in ("input_ids", "attention_mask"))
+    model = tiny_llama()
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    wrapped = tt.Module(model, name=f"padded_{runtime}", strategy=tt.OneBackendStrategy(backend))
+
+    def logits(input_ids, attention_mask):
+        return wrapped(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+    report = tt.tune(logits, [prompt(p) for p in (0, 3, 5, 1)], batch_sizes=[1, 2], ignore_failing_modules=False)
+    assert all(g.candidates[0].status == "chosen" for g in report.modules[0].graphs)
+    with torch.no_grad():
+        actual = logits(ids, mask)
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.slow
 def test_stable_diffusion_pipeline_inspect_wrap_tune():
     pytest.importorskip("diffusers")
