@@ -108,18 +108,22 @@ class BnCNN(nn.Module):
 
 
 class PaddedCausalAttention(nn.Module):
-    """Causal self-attention over a left-padded batch (batched generation): a pad position's query row sees no key."""
+    """Causal self-attention over a left-padded batch (batched generation): a pad position's query row sees no key.
+    The mask is boolean, or additive (0 and -inf) with ``additive=True``."""
 
-    def __init__(self) -> None:
+    def __init__(self, additive: bool = False) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.qkv, self.out = nn.Linear(16, 48), nn.Linear(16, 16)
+        self.additive = additive
         self.eval()
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q, k, v = self.qkv(x).view(b, s, 3, 2, 8).permute(2, 0, 3, 1, 4)
         mask = torch.ones(s, s, dtype=torch.bool).tril() & attention_mask.bool()[:, None, None, :]
+        if self.additive:
+            mask = torch.zeros(mask.shape, dtype=x.dtype).masked_fill(~mask, float("-inf"))
         return self.out(nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, s, 16))
 
 

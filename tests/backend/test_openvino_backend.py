@@ -104,6 +104,8 @@ MODELS = {
     "encoder": (Encoder, lambda: [(b, ((torch.randn(b, s, 16),), {})) for b, s in ((1, 5), (2, 9), (3, 7))]),
     # a pad position's query row sees no key: eager returns zeros there, OpenVINO's attention NaN unless rewritten
     "padded_attention": (PaddedCausalAttention, lambda: [(b, left_padded_call(b, s)) for b, s in ((2, 6), (3, 8))]),
+    "padded_additive": (lambda: PaddedCausalAttention(additive=True),
+                        lambda: [(b, left_padded_call(b, s)) for b, s in ((2, 6), (3, 8))]),
 }
 
 

@@ -87,20 +87,29 @@ def to_ov_model(module: nn.Module, graph_spec: GraphSpec, data: list[Sample], us
 
 
 def _zero_fully_masked_rows(model: Any) -> None:
-    """Make OpenVINO's ScaledDotProductAttention return zeros for a query row whose boolean mask is all False, as
-    eager does; OpenVINO returns NaN there (a pad position under a causal mask in a left-padded batch, so the
-    OpenVINO candidates of a GPT-2 or Llama tuned on such batches failed their check). Such a row attends to every
-    key instead, and its output is zeroed."""
+    """Make OpenVINO's ScaledDotProductAttention return zeros for a query row whose mask allows no key (all False,
+    or all -inf), as eager does; OpenVINO returns NaN there (a pad position under a causal mask in a left-padded
+    batch, so the OpenVINO candidates of a GPT-2 or Llama tuned on such batches failed their check). Such a row
+    attends to every key instead, and its output is zeroed."""
     from openvino import opset13 as ops
 
     for node in model.get_ordered_ops():
         if node.get_type_name() != "ScaledDotProductAttention" or node.get_input_size() < 4:
             continue
         mask = node.input_value(3)
-        if mask.get_element_type().get_type_name() != "boolean":
+        kind = mask.get_element_type()
+        axis = ops.constant([-1])
+        if kind.get_type_name() == "boolean":
+            seen = ops.reduce_logical_or(mask, axis, keep_dims=True)  # [..., queries, 1]
+            opened = ops.logical_or(mask, ops.logical_not(seen))
+        elif kind.is_real():
+            # not ReduceMax against -inf: OpenVINO's CPU ReduceMax of a row of -inf is the lowest finite float
+            allowed = ops.logical_not(ops.is_inf(mask, {"detect_positive": False}))
+            seen = ops.reduce_logical_or(allowed, axis, keep_dims=True)
+            opened = ops.select(seen, mask, ops.constant(0, kind))
+        else:
             continue
-        seen = ops.reduce_logical_or(mask, ops.constant([-1]), keep_dims=True)  # [..., queries, 1]
-        node.input(3).replace_source_output(ops.logical_or(mask, ops.logical_not(seen)).output(0))
+        node.input(3).replace_source_output(opened.output(0))
         output = node.output(0)
         users = list(output.get_target_inputs())
         zeroed = ops.select(seen, output, ops.constant(0, output.get_element_type()))
@@ -139,7 +148,7 @@ def fingerprint(module: nn.Module, graph_spec: GraphSpec, config: dict[str, Any]
     """A hash of everything the IR depends on (:mod:`~torch_tweak.torch.backend._artifact_reuse`)."""
     ov = import_openvino()
     return artifact_fingerprint(module, graph_spec, config, {"torch": torch.__version__, "openvino": ov.__version__,
-                                                             "masked_rows": "zeroed"})
+                                                             "masked_rows": "zeroed-v2"})
 
 
 def cached_ir(ir_dir: Path, fp: str | None) -> Path | None:
