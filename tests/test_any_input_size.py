@@ -138,6 +138,64 @@ def test_a_graph_that_needed_auto_dims_once_is_exported_with_them_first():
         export_with_dims(static, static_spec, export, "test export")
 
 
+def _recorded_bert_spec(model):
+    from torch_tweak.torch.module.recording import Recorder
+
+    recorder = Recorder(True, 8)
+    with torch.no_grad():
+        for sentence in bert_dataset():
+            recorder.record_call(model.forward, (), {k: v.unsqueeze(0) for k, v in sentence.items()}, 1)
+    (spec,) = recorder.graph_specs()
+    return spec
+
+
+def test_the_export_for_openvino_and_onnxruntime_infers_related_axes_on_its_first_attempt(caplog):
+    """A BERT's ids and mask share their sequence axis: independent dims fail (a retry with Dim.AUTO costs 4-5 s on a
+    BERT-base); Dim.DYNAMIC lets export infer it at once, and the program takes every recorded length."""
+    from torch.export import Dim
+
+    from torch_tweak.torch.backend._export import dynamic_shapes, example_leaves, export_program
+
+    model = tiny_bert()
+    spec = _recorded_bert_spec(model)
+    assert [s.name for s in spec.inputs] == ["kwargs_attention_mask", "kwargs_input_ids"]
+    axes = [spec.inputs[i].dynamic_axes() for i in range(len(spec.inputs))]
+    assert all(axes) and all(spec.inputs[i].min_shape[a] > 1 for i, ax in enumerate(axes) for a in ax)
+    (named,) = dynamic_shapes(spec)
+    (inferred,) = dynamic_shapes(spec, inferred=True)
+    assert all(not isinstance(d[a], type(Dim.DYNAMIC)) for d, ax in zip(named, axes) for a in ax)
+    assert all(d[a] is Dim.DYNAMIC for d, ax in zip(inferred, axes) for a in ax)
+    caplog.set_level(logging.INFO, logger="torch_tweak")
+    with torch.no_grad():
+        calls = [((), {k: v.unsqueeze(0) for k, v in sentence.items()}) for sentence in bert_dataset()]
+        program = export_program(model, spec, tuple(example_leaves(spec, calls)))
+    assert "retrying with Dim.AUTO" not in caplog.text
+    short = {"input_ids": torch.randint(1, 100, (1, 2)), "attention_mask": torch.ones(1, 2, dtype=torch.long)}
+    expected = model(**short).last_hidden_state
+    served = program.module()(short["attention_mask"], short["input_ids"])  # graph order: sorted keyword names
+    assert torch.allclose(served[0], expected, atol=1e-5)
+
+
+def test_an_axis_recorded_at_size_1_keeps_an_independent_dim_that_takes_1():
+    """Dim.DYNAMIC's lower bound is 2: an axis recorded at length 1 keeps its named Dim (min 1), as before."""
+    from torch.export import Dim
+
+    from torch_tweak.torch.backend._export import dynamic_shapes
+    from torch_tweak.torch.module.recording import Recorder
+
+    model, recorder = tiny_bert(), Recorder(True, 8)
+    with torch.no_grad():
+        for length in (1, 5):
+            call = {"input_ids": torch.randint(1, 100, (1, length)),
+                    "attention_mask": torch.ones(1, length, dtype=torch.long)}
+            recorder.record_call(model.forward, (), call, 1)
+    (spec,) = recorder.graph_specs()
+    dynamic = [(i, a) for i, s in enumerate(spec.inputs) for a in s.dynamic_axes()]
+    assert dynamic and all(spec.inputs[i].min_shape[a] == 1 for i, a in dynamic)
+    (shapes,) = dynamic_shapes(spec, inferred=True)
+    assert all(shapes[i][a] is not Dim.DYNAMIC and shapes[i][a].min == 1 for i, a in dynamic)
+
+
 # sequence axes recorded at one length (module/lengths.py) -----------------------------------------------------------
 
 

@@ -116,12 +116,17 @@ def example_leaves(graph_spec: GraphSpec, data: Sequence[Sample]) -> list[torch.
     return [leaf.detach() for leaf in leaves]
 
 
-def dynamic_shapes(graph_spec: GraphSpec, auto_dims: bool = False) -> tuple[Any, ...]:
+def dynamic_shapes(graph_spec: GraphSpec, auto_dims: bool = False, inferred: bool = False) -> tuple[Any, ...]:
     """``torch.export`` dynamic shapes for :class:`FlatForward`: one shared batch Dim, one Dim per dynamic axis.
 
     The dims are unbounded above (any size >= 1): the recorded range tells which axes vary, never which sizes a
     tuned model may serve, since eager serves them all. With ``auto_dims`` the dynamic (non-batch) axes use
     ``Dim.AUTO``, letting ``torch.export`` find relations between them (e.g. the sequence axis of ids and mask).
+    With ``inferred``, for graphs converted to runtimes that keep no range (OpenVINO, ONNX Runtime), a dynamic axis
+    never recorded at size 1 uses ``Dim.DYNAMIC``: export infers its relations and range (a Hugging Face encoder's
+    sequence axis: equal to its mask's, at most 512), which independent dims make it refuse, so the first attempt
+    passes (a BERT-base exports once instead of failing after 4-5 s on 2 cores); a specialized axis still fails.
+    Its lower bound becomes 2, which those runtimes do not keep.
     """
     from torch.export import Dim
 
@@ -134,7 +139,12 @@ def dynamic_shapes(graph_spec: GraphSpec, auto_dims: bool = False) -> tuple[Any,
             for axis, k in spec.batch_multipliers.items():
                 axes[axis] = batch if k == 1 else k * batch
         for axis in spec.dynamic_axes():
-            axes[axis] = Dim.AUTO if auto_dims else Dim(f"{spec.name}_dim{axis}", min=1)
+            if auto_dims:
+                axes[axis] = Dim.AUTO
+            elif inferred and spec.min_shape[axis] > 1:
+                axes[axis] = Dim.DYNAMIC
+            else:
+                axes[axis] = Dim(f"{spec.name}_dim{axis}", min=1)
         per_leaf.append(axes or None)
     return (tuple(per_leaf),)
 
@@ -170,7 +180,7 @@ def export_program(module: nn.Module, graph_spec: GraphSpec, leaves: tuple[torch
     wrapper = FlatForward(module, graph_spec).eval()
 
     def export(auto_dims: bool) -> Any:
-        return torch.export.export(wrapper, leaves, dynamic_shapes=dynamic_shapes(graph_spec, auto_dims))
+        return torch.export.export(wrapper, leaves, dynamic_shapes=dynamic_shapes(graph_spec, auto_dims, True))
 
     program = export_with_dims(module, graph_spec, export, "torch.export")
     check_served_sizes(program, graph_spec)
