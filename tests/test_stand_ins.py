@@ -24,6 +24,7 @@ from torch_tweak.torch.backend import available as backend_available
 from torch_tweak.torch.backend.openvino.quantize import nncf_available
 from torch_tweak.torch.profiling import Measurement, ProfilingConfig, SweepResult
 from torch_tweak.torch.report.report import CandidateReport
+from torch_tweak.torch.tune_strategy import linear_calls
 from torch_tweak.torch.tune_strategy.graph_probes import kernel_time
 from torch_tweak.torch.tune_strategy.linear_calls import int8_layer_slowdown, largest_linear_call, linear_share
 from torch_tweak.torch.tune_strategy.results import Evaluation
@@ -233,6 +234,7 @@ class _RecordedTask(_Task):
         super().__init__(module, next(iter(samples.values())))
         self.device = torch.device("cpu")
         self.samples = [type("Sample", (), {"batch_size": b, "sample": ((x,), {})})() for b, x in samples.items()]
+        self.graph_spec.inputs = [type("Input", (), {"batch_multipliers": {0: 1}})()]  # one input, batch first
 
 
 def test_kernel_time_times_the_matrix_multiplies_of_the_smallest_recorded_call() -> None:
@@ -252,6 +254,38 @@ def test_largest_linear_call_counts_the_call_of_the_largest_recorded_batch() -> 
     no_linear = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)).eval()
     assert largest_linear_call(_RecordedTask(no_linear, {1: torch.randn(1, 3, 8, 8)})) == 0
     assert largest_linear_call(_RecordedTask(mlp(), {1: torch.randn(1, 5)})) is None  # the call fails: not countable
+
+
+class _SeenBatches(torch.nn.Module):
+    """A linear layer over the last axis that notes the leading size of each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer, self.seen = torch.nn.Linear(8, 16), []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.shape[0])
+        return self.layer(x)
+
+
+def test_the_largest_batchs_linear_calls_are_counted_on_a_smaller_call_of_the_same_shape_and_scaled() -> None:
+    """The largest batch's call is not run (a BERT-base's at batch 32: 4.4 s): the smallest call whose other axes
+    match and whose batch divides it is, its counts scaled; the int8 probe's input is that call's, repeated."""
+    model = _SeenBatches().eval()
+    task = _RecordedTask(model, {32: torch.randn(32, 5, 8), 4: torch.randn(4, 5, 8), 2: torch.randn(2, 5, 8)})
+    assert largest_linear_call(task) == 32 * 5 * 8 * 16 and model.seen == [2]
+    model.seen.clear()  # another length at the smaller batch: the largest call itself is counted
+    assert largest_linear_call(_RecordedTask(model, {32: torch.randn(32, 5, 8), 2: torch.randn(2, 3, 8)})) \
+        == 32 * 5 * 8 * 16 and model.seen == [32]
+    model.seen.clear()  # 3 does not divide 32
+    assert largest_linear_call(_RecordedTask(model, {32: torch.randn(32, 5, 8), 3: torch.randn(3, 5, 8)})) \
+        == 32 * 5 * 8 * 16 and model.seen == [32]
+    model.seen.clear()
+    calls = linear_calls._largest_batch_calls(task, keep_input=True)
+    layer, activation = calls.largest_call
+    assert model.seen == [2] and layer is model.layer and activation.shape == (32, 5, 8)
+    small = task.samples[2].sample[0][0]
+    assert torch.equal(activation, small.repeat(16, 1, 1))
 
 
 @pytest.mark.skipif(not backend_available("TorchAOBackend"), reason="needs torchao")

@@ -19,6 +19,7 @@ from torch.nn.modules.module import register_module_forward_hook
 
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.module.forward import original_forward, pristine
+from torch_tweak.torch.module.tree import flatten_sample
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
 from torch_tweak.utils.pause import paused
 
@@ -88,14 +89,52 @@ def linear_share(module: nn.Module, task: GraphTask) -> float | None:
 
 
 def _largest_batch_calls(task: GraphTask, keep_input: bool = False) -> _LinearCalls | None:
-    """The ``nn.Linear`` calls of the recorded call of the largest batch, counted (None: not countable)."""
+    """The ``nn.Linear`` calls of the recorded call of the largest batch, counted (None: not countable).
+
+    They are counted on the smallest recorded call that differs from it only in its batch size, when that size
+    divides the largest one, and scaled up: the multiply-adds by the ratio, the kept input repeated along its first
+    axis (an ``nn.Linear`` multiplies the same matrices whichever leading axis holds the batch). A BERT-base's call
+    at batch 32 takes 4.4 s in eager on 2 cores, one at batch 1 0.15 s. A layer whose calls do not grow with the
+    batch is counted as if they did."""
     calls = _LinearCalls(task.module, keep_input)
     if not calls.layers:
         return calls
     if not task.samples:
         return None
+    sample, factor = _scaled_stand_in(task)
+    if not calls.run(task.module, task, copy.deepcopy(sample)):
+        return None
+    if factor > 1:
+        calls.total *= factor
+        calls.largest *= factor
+        if calls.largest_call is not None:
+            layer, activation = calls.largest_call
+            calls.largest_call = layer, activation.repeat(factor, *[1] * (activation.dim() - 1))
+    return calls
+
+
+def _scaled_stand_in(task: GraphTask) -> tuple[Any, int]:
+    """The recorded call to count the largest batch's ``nn.Linear`` calls on, and the factor its batch size falls
+    short by (1: the largest call itself)."""
     largest = max(task.samples, key=lambda s: s.batch_size or 0)
-    return calls if calls.run(task.module, task, copy.deepcopy(largest.sample)) else None
+    target = _shapes_apart_from_batch(task, largest.sample)
+    if not largest.batch_size or target is None:
+        return largest.sample, 1
+    for recorded in sorted(task.samples, key=lambda s: s.batch_size or 0):
+        size = recorded.batch_size
+        if size and largest.batch_size % size == 0 and _shapes_apart_from_batch(task, recorded.sample) == target:
+            return recorded.sample, largest.batch_size // size
+    return largest.sample, 1
+
+
+def _shapes_apart_from_batch(task: GraphTask, sample: Any) -> list[tuple[int | None, ...]] | None:
+    """The shapes of a call's input tensors with their batch axes blanked (None: not the graph's inputs)."""
+    leaves, _ = flatten_sample(*sample)
+    specs = task.graph_spec.inputs
+    if len(leaves) != len(specs) or not all(isinstance(t, torch.Tensor) for t in leaves):
+        return None
+    return [tuple(None if axis in spec.batch_multipliers else size for axis, size in enumerate(t.shape))
+            for t, spec in zip(leaves, specs, strict=True)]
 
 
 def largest_linear_call(task: GraphTask) -> int | None:
