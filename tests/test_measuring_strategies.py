@@ -297,3 +297,36 @@ def test_openvino_default_precision_has_an_f32_fallback():
     retry = OpenVINOBackend(OpenVINOBackendConfig(performance_hint="THROUGHPUT")).precision_fallback()
     assert retry.describe() == "OpenVINOBackend(performance_hint=THROUGHPUT,inference_precision=f32)"
     assert OpenVINOBackend(OpenVINOBackendConfig(inference_precision="bf16")).precision_fallback() is None
+
+
+def test_a_size_the_check_ran_in_a_call_as_long_as_a_warm_up_is_measured_without_one(clock):
+    """The fidelity check runs every recorded call right before the sweep; a warm-up call at a size the check ran
+    (in a call at least ``warmup_max_s`` long) would repeat it: a BERT-base at batch 32 spent 2.6-4.8 s per candidate
+    on it. The eager baseline's confirming check runs its smallest call only: its other sizes are warmed up."""
+    fast = TimedBackend(clock, ms_per_call=0.5)
+    quick = ProfilingConfig(clock=clock, pause_s=0, min_time_s=0, warmup_max_s=0.0)  # every checked call is long
+    _, _, graph = tune(strategy(tt.HighestThroughputStrategy, clock, [fast], profiling=quick))
+    warm_ups = {c.role: {r["batch_size"]: r["warmup_calls"] for r in c.measurements["runs"]} for c in graph.candidates}
+    assert warm_ups == {"candidate": {1: 0, 2: 0, 4: 0, 8: 0}, "baseline": {1: 0, 2: 1, 4: 1, 8: 1}}
+    _, _, graph = tune(strategy(tt.HighestThroughputStrategy, clock, [TimedBackend(clock, ms_per_call=0.5)]))
+    assert all(r["warmup_calls"] >= 1 for c in graph.candidates for r in c.measurements["runs"])  # calls of µs
+
+
+def test_warm_shapes_hold_through_a_non_finite_guard_and_go_when_the_scratch_buffers_do():
+    from torch_tweak.torch.backend.non_finite_guard import NonFiniteGuardBackend
+    from torch_tweak.torch.tune_strategy import warm_calls
+    from torch_tweak.torch.tune_strategy.base import release_scratch
+
+    model = mlp()
+    wrapped = tt.Module(model, strategy=tt.OneBackendStrategy(TorchEagerBackend()))
+    tt.tune(wrapped, [torch.randn(8) for _ in range(2)], batch_sizes=[1, 2])
+    inner = next(iter(wrapped.backends.values()))
+    guard = NonFiniteGuardBackend(inner, model, wrapped.graph_specs[0], "test")
+    x = torch.randn(4, 8)
+    warm_calls.note(inner, (x,), {}, 0.5)
+    assert warm_calls.warm(inner, (torch.zeros(4, 8),), {}, 0.25) and warm_calls.warm(guard, (x,), {}, 0.25)
+    assert not warm_calls.warm(inner, (x,), {}, 1.0)  # a shorter call than asked for
+    assert not warm_calls.warm(inner, (torch.randn(2, 8),), {}, 0.25)  # another shape
+    assert not warm_calls.warm(inner, (x.double(),), {}, 0.25)  # another dtype
+    release_scratch(guard)
+    assert not warm_calls.warm(guard, (x,), {}, 0.25) and not warm_calls.warm(inner, (x,), {}, 0.25)

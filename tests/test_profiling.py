@@ -93,6 +93,17 @@ def test_warmup_is_bounded_in_time():
     assert len(m.warmup_ms) == 2
 
 
+def test_a_warmed_call_is_timed_without_a_warm_up_and_a_sweep_asks_per_size():
+    clock = FakeClock()
+    m = measure(ticking(clock, [300.0]), 1, config(clock, warmup_calls=5, max_time_s=1.0), warmed=True)
+    assert m.warmup_ms == [] and m.calls >= 1
+    prepare, prepared = timed_prepare(clock, 1.0, 1.0)
+    asked = []
+    result = sweep(prepare, [1, 2, 4], config(clock), warmed=lambda b: asked.append((b, list(prepared))) or b == 4)
+    assert [len(m.warmup_ms) > 0 for m in result.measurements] == [True, True, False]
+    assert asked == [(1, [1]), (2, [1, 2]), (4, [1, 2, 4])]  # after preparing that size
+
+
 def test_never_stable_measurement_is_capped_by_calls_and_still_usable():
     clock = FakeClock()
     m = measure(ticking(clock, [1.0, 3.0]), 2, config(clock, max_calls=40))

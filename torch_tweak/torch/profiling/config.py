@@ -45,7 +45,8 @@ class ProfilingConfig:
     """Bounds and stop rules of a measurement (one batch size) and of a batch-size sweep.
 
     Attributes:
-        warmup_calls: untimed calls before measuring (at least one runs).
+        warmup_calls: untimed calls before measuring (at least one runs, unless the caller of ``measure`` says a
+            call like it ran already: ``warmed``).
         warmup_max_s: warm-up also ends once it has taken this long.
         window_size: number of most recent calls the stability test looks at.
         cv_threshold: the window is stable when stdev / mean of its call times is at most this.

@@ -162,6 +162,7 @@ def measure(
     sync: Callable[[], None] | None = None,
     cancel: threading.Event | None = None,
     batched: bool = True,
+    warmed: bool = False,
 ) -> Measurement:
     """Time ``fn`` (one inference call on prepared inputs) until stable or capped.
 
@@ -172,6 +173,8 @@ def measure(
         sync: waits for the device after each call, inside the timed region (see :func:`device_sync`).
         cancel: when set, the next call raises :class:`ProfilingCancelledError`.
         batched: False when the graph has no batch axis (recorded in the result).
+        warmed: the callable already ran a call like this one that took at least ``config.warmup_max_s``: no
+            warm-up call (it would be one more call that long).
 
     Exceptions raised by ``fn`` propagate (a sweep turns them into its stop reason).
     """
@@ -188,14 +191,15 @@ def measure(
         return (clock() - start) * 1000.0
 
     with paused():  # background compiles wait while this measures
-        return _measure(timed, batch_size, config, batched)
+        return _measure(timed, batch_size, config, batched, warmed)
 
 
-def _measure(timed: Callable[[], float], batch_size: int, config: ProfilingConfig, batched: bool) -> Measurement:
+def _measure(timed: Callable[[], float], batch_size: int, config: ProfilingConfig, batched: bool,
+             warmed: bool = False) -> Measurement:
     clock = config.clock
     warmup: list[float] = []
     warm_start = clock()
-    for _ in range(config.warmup_calls):
+    for _ in range(0 if warmed else config.warmup_calls):
         warmup.append(timed())
         if clock() - warm_start >= config.warmup_max_s:
             break

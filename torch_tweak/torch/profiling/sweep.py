@@ -110,6 +110,7 @@ def sweep(
     keep_going: Callable[[Measurement], bool] | None = None,
     batched: bool = True,
     known: Iterable[Measurement] = (),
+    warmed: Callable[[int], bool] | None = None,
 ) -> SweepResult:
     """Measure at each batch size in order until throughput saturates, a call fails, or the list ends.
 
@@ -124,6 +125,8 @@ def sweep(
         batched: False for graphs without a batch axis (recorded in each measurement).
         known: measurements taken earlier with the same rules (a screening's): a batch size that has one is
             not measured again, and one the sweep stops before is kept in the result (it was measured).
+        warmed: ``warmed(batch_size)``, asked after ``prepare(batch_size)``: True skips that size's warm-up
+            (see :func:`measure`).
 
     Out-of-memory and any other error while preparing or calling end the sweep gracefully: the error is
     recorded and the measurements made so far are kept.
@@ -139,8 +142,9 @@ def sweep(
         try:
             measurement = earlier.pop(batch_size, None)
             if measurement is None:
-                measurement = measure(prepare(batch_size), batch_size, config, sync=sync, cancel=cancel,
-                                      batched=batched)
+                call = prepare(batch_size)
+                measurement = measure(call, batch_size, config, sync=sync, cancel=cancel, batched=batched,
+                                      warmed=warmed is not None and warmed(batch_size))
         except ProfilingCancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure ends the sweep; the error is recorded

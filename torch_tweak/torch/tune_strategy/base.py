@@ -45,6 +45,7 @@ from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import Sample
 from torch_tweak.torch.profiling import ProfilingConfig, SweepResult
 from torch_tweak.torch.report.report import BUILD_FAILED, INFER_FAILED, PASSED, REJECTED, CandidateReport, GraphReport
+from torch_tweak.torch.tune_strategy import warm_calls
 from torch_tweak.torch.tune_strategy.results import Plan
 from torch_tweak.torch.tune_strategy.sweeping import sweep_backend
 from torch_tweak.utils.capture import capture_output
@@ -300,7 +301,9 @@ class TuneStrategy(ABC):
             for (args, kwargs), expected, held_out in task.judged_calls(held_out_calls, smallest_only):
                 try:
                     with torch.no_grad():
+                        start = time.perf_counter()
                         actual = backend.infer(*args, **kwargs)
+                        warm_calls.note(backend, args, kwargs, time.perf_counter() - start)
                 except Exception as exc:
                     row.status = INFER_FAILED
                     row.error = f"{type(exc).__name__}: {exc}"
@@ -363,6 +366,7 @@ def release_scratch(backend: Backend) -> None:
     guard's inner backend): a built candidate that waits, or serves, need not keep its largest batch's buffers."""
     for component in backend.components():
         component.release_scratch()
+        warm_calls.forget(component)  # the components include the backend itself
 
 
 def build_in_cache(backend: Backend, task: GraphTask, console: bool) -> None:

@@ -13,6 +13,7 @@ import torch
 from torch_tweak.torch.backend.backend import Backend
 from torch_tweak.torch.module.spec import GraphSpec, resize_batch
 from torch_tweak.torch.profiling import Measurement, ProfilingConfig, SweepResult, device_sync, sweep
+from torch_tweak.torch.tune_strategy import warm_calls
 from torch_tweak.torch.tune_strategy.results import Plan, out_of_reach
 
 
@@ -27,9 +28,12 @@ def sweep_backend(backend: Backend, spec: GraphSpec, device: torch.device, plan:
     if profiling.pause_s > 0:
         time.sleep(profiling.pause_s)
     sample = copy.deepcopy(plan.sample)
+    warm: set[int] = set()  # sizes the backend ran already in a call at least as long as a warm-up (warm_calls.py)
 
     def prepare(batch_size: int) -> Callable[[], Any]:
         args, kwargs = resize_batch(sample, spec, batch_size) if plan.batched else sample
+        if warm_calls.warm(backend, args, kwargs, profiling.warmup_max_s):
+            warm.add(batch_size)
         return lambda: backend.infer(*args, **kwargs)
 
     def go_on(measurement: Measurement) -> bool:
@@ -37,4 +41,4 @@ def sweep_backend(backend: Backend, spec: GraphSpec, device: torch.device, plan:
 
     with torch.no_grad():
         return sweep(prepare, plan.batch_sizes, profiling, sync=device_sync(device), cancel=cancel,
-                     keep_going=go_on, batched=plan.batched, known=plan.known)
+                     keep_going=go_on, batched=plan.batched, known=plan.known, warmed=warm.__contains__)
