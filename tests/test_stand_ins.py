@@ -140,6 +140,17 @@ def test_a_thread_limited_candidate_is_skipped_once_its_every_core_twin_took_a_m
     assert strategy._stand_in_row(int8_one, "candidate", None, [measured(int8, 3.0)]).status == "skipped"
     ort_one = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(intra_op_num_threads=1))
     assert strategy._stand_in_row(ort_one, "candidate", None, [measured(ONNXRuntimeBackend(), 2.0)]).status == "skipped"
+    # an every-core twin that failed to build, failed its check or was skipped: the one-thread twin runs that model
+    for status, verb in (("build_failed", "failed to build"), ("rejected", "failed the fidelity check"),
+                         ("skipped", "was skipped")):
+        failed = Evaluation("candidate", CandidateReport(backend="OpenVINOBackend()", key=OpenVINOBackend().key(),
+                                                         status=status), None, None, None, template=OpenVINOBackend())
+        row = strategy._stand_in_row(one, "candidate", None, [failed])
+        assert row.status == "skipped" and row.error.startswith(
+            f"skipped: it runs the model of OpenVINOBackend() on fewer threads, and that one {verb}")
+    screened = Evaluation("candidate", CandidateReport(backend="OpenVINOBackend()", key=OpenVINOBackend().key(),
+                                                       status="screened_out"), None, None, None, template=OpenVINOBackend())
+    assert strategy._stand_in_row(one, "candidate", None, [screened]) is None  # one thread may run faster
     off = tt.HighestThroughputStrategy(skip_stand_ins=False)
     assert off._stand_in_row(one, "candidate", None, [measured(OpenVINOBackend(), 1.5)]) is None
 
@@ -195,7 +206,8 @@ def test_onnxruntime_int8_is_skipped_on_a_graph_whose_linear_layers_do_almost_no
     from torch_tweak.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
 
     int8 = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(quantization="int8_dynamic"))
-    strategy = tt.HighestThroughputStrategy([ONNXRuntimeBackend(), int8], screening=False)
+    one = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(quantization="int8_dynamic", intra_op_num_threads=1))
+    strategy = tt.HighestThroughputStrategy([ONNXRuntimeBackend(), int8, one], screening=False)
     model = tt.Module(cnn(), name="cnn_ort", strategy=strategy)
     report = tt.tune(model, [torch.randn(3, 16, 16) for _ in range(4)], batch_sizes=[1, 2], executor="inline")
     rows = {c.backend: c for c in report.modules[0].graphs[0].candidates}
@@ -205,10 +217,12 @@ def test_onnxruntime_int8_is_skipped_on_a_graph_whose_linear_layers_do_almost_no
     assert skipped.error.startswith("skipped: its dynamic int8 quantizes nn.Linear layers only, which do 0.04% of "
                                     "this graph's multiply-adds, and runs the rest in float like ONNXRuntimeBackend(), "
                                     "measured above")
+    assert rows[one.describe()].status == "skipped" and rows[one.describe()].error == skipped.error  # the same rule
     on_linear_layers = tt.Module(mlp(), name="mlp_ort", strategy=strategy)
     report = tt.tune(on_linear_layers, [torch.randn(8) for _ in range(4)], batch_sizes=[1, 2], executor="inline")
-    (row,) = [c for c in report.modules[0].graphs[0].candidates if c.backend.startswith(int8.describe())]
-    assert row.status != "skipped" and row.build_time_s is not None  # measured ("+ non-finite guard": int8)
+    for template in (int8, one):
+        (row,) = [c for c in report.modules[0].graphs[0].candidates if c.backend.startswith(template.describe())]
+        assert row.status != "skipped" and row.build_time_s is not None  # measured ("+ non-finite guard": int8)
 
 
 @pytest.mark.parametrize(("model", "sample", "order"), [

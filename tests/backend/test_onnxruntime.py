@@ -181,15 +181,27 @@ def test_config_defaults_describe_key_round_trip() -> None:
 
 
 @pytest.mark.parametrize("onnx_installed", [True, False])
-def test_default_variants_add_dynamic_int8_only_where_onnx_can_quantize(monkeypatch: pytest.MonkeyPatch,
-                                                                        onnx_installed: bool) -> None:
+@pytest.mark.parametrize("cores", [1, 2])
+def test_default_variants_add_dynamic_int8_where_onnx_can_quantize_and_one_thread_int8_with_more_cores(
+        monkeypatch: pytest.MonkeyPatch, onnx_installed: bool, cores: int) -> None:
     import importlib.util
+
+    from torch_tweak.torch.backend import onnxruntime as ort_backend
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: (real(name, *a) if onnx_installed else None) if name == "onnx" else real(name, *a))
-    expected = ["ONNXRuntimeBackend()"] + (["ONNXRuntimeBackend(quantization=int8_dynamic)"] if onnx_installed else [])
-    assert [b.describe() for b in ONNXRuntimeBackend.default_variants()] == expected
+    monkeypatch.setattr(ort_backend, "usable_cores", lambda: cores)
+    int8 = ["ONNXRuntimeBackend(quantization=int8_dynamic)"]
+    if cores > 1:
+        int8.append("ONNXRuntimeBackend(intra_op_num_threads=1,quantization=int8_dynamic)")
+    expected = ["ONNXRuntimeBackend()"] + (int8 if onnx_installed else [])
+    variants = ONNXRuntimeBackend.default_variants()
+    assert [b.describe() for b in variants] == expected
+    # the one-thread int8 model is the every-core one's twin: same outputs, built from its files
+    if len(variants) == 3:
+        assert variants[2].every_core_twin().key() == variants[1].key()
+        assert variants[2].outputs_key() == variants[1].outputs_key() != variants[0].outputs_key()
 
 
 @pytest.mark.parametrize(

@@ -124,8 +124,7 @@ class _Session:
         # µs of a 10 µs call on a tiny MLP); the feeds built here always pass those checks, so call the binding.
         binding = getattr(self.session, "_sess", None)
         self._run = binding.run if callable(getattr(binding, "run", None)) else self.session.run
-        # one RunOptions for every call: passing None makes the binding build a default one each time (0.6-0.8 µs of a
-        # 14 µs call, Sapphire Rapids); a run only reads it
+        # one RunOptions for all calls (a run only reads it): None builds one per call, 0.6-0.8 µs of a 14 µs call
         self._options = ort.RunOptions()
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -244,12 +243,16 @@ class ONNXRuntimeBackend(Backend):
         """The fp32 model (every graph optimization, one thread per usable core) and, where ``onnx`` is installed,
         its dynamic INT8 variant, quantized from the fp32 candidate's export: on CPUs without VNNI or AMX it is the
         int8 that runs faster than float (a BERT-base on 2 cores of an AVX2 EPYC: 77 against 135 ms at batch 1,
-        cosine 0.9992 of eager; docs/backends.md). On a CNN a stand-in rule skips it. A one-thread twin is not a
-        candidate: measured on 256-512-256 MLPs, each session in its own process, it was no faster on a Sapphire
-        Rapids Xeon and slower on the AVX2 EPYC (33-34 against 25-26 µs at batch 1)."""
+        cosine 0.9992 of eager; docs/backends.md). On a CNN a stand-in rule skips it. With more than one usable core,
+        the INT8 model on one thread too: an MLP 256-512-256 on 2 cores of an AVX2 EPYC (torch tensors in and out)
+        took 23.8 µs at batch 1 on one thread against 32.5 µs on two (fp32: 32.0 µs), 124 against 118 µs at batch
+        32. One-thread fp32 was no faster there (34.3 µs; 205 µs at batch 32) nor on a Sapphire Rapids Xeon. Calls
+        of a millisecond and more (a BERT-base) skip the one-thread twin (``tune_strategy/twins.py``)."""
         variants: list[Backend] = [cls()]
         if importlib.util.find_spec("onnx") is not None:
             variants.append(cls(ONNXRuntimeBackendConfig(quantization="int8_dynamic")))
+            if (usable_cores() or 1) > 1:
+                variants.append(cls(ONNXRuntimeBackendConfig(quantization="int8_dynamic", intra_op_num_threads=1)))
         return variants
 
     def precision_fallback(self) -> ONNXRuntimeBackend | None:
@@ -260,9 +263,8 @@ class ONNXRuntimeBackend(Backend):
 
     def every_core_twin(self) -> ONNXRuntimeBackend | None:
         """The same configuration with ``intra_op_num_threads=None`` (every usable core) when this one sets it."""
-        if self._config.intra_op_num_threads is None:
-            return None
-        return ONNXRuntimeBackend(dataclasses.replace(self._config, intra_op_num_threads=None))
+        threads = self._config.intra_op_num_threads
+        return None if threads is None else ONNXRuntimeBackend(dataclasses.replace(self._config, intra_op_num_threads=None))
 
     def _build(self, module: nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> Backend:
         import_onnxruntime()

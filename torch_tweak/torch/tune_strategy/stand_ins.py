@@ -47,12 +47,8 @@ tens of seconds (a ResNet-50 on 2 cores: TorchAO 39 s, Inductor 61 s, Inductor A
 * ONNX Runtime's dynamic int8 quantizes ``nn.Linear`` layers only: below :data:`LINEAR_SHARE` it is skipped once
   its float configuration, which runs the rest alike, was measured.
 
-* A candidate that runs on fewer threads than the runtime would use (OpenVINO's ``num_threads=1``) can win only where
-  a call is mostly the threads' hand-offs between operations, so it is skipped once its every-core twin
-  (:meth:`~torch_tweak.torch.backend.Backend.every_core_twin`) was measured and its shortest call took
-  :data:`THREADS_PAY_OFF_MS` or more. On 2 cores of a Sapphire Rapids Xeon one thread ran 0.72-0.89x as long as
-  two on an MLP 256-512-256 (31-75 µs calls) and 0.85x on a 2-layer BERT of width 128 at batch 1 (0.36 ms), but
-  1.13-2.06x as long on a 4-layer BERT of width 256 (1.4-25 ms).
+* A candidate that runs on fewer threads than the runtime would use (OpenVINO's ``num_threads=1``, ONNX Runtime's
+  ``intra_op_num_threads=1``) is skipped on what its every-core twin did (:func:`~.twins.thread_limited_reason`).
 
 Turn order: candidates take their turns cheapest build first, but TorchAO goes before Inductor (JIT and AOT) on a
 graph whose ``nn.Linear`` layers do at least :data:`LINEAR_SHARE` of the multiply-adds (:meth:`StandIns._turn_order`).
@@ -84,6 +80,7 @@ from torch_tweak.torch.tune_strategy.linear_calls import (
 )
 from torch_tweak.torch.tune_strategy.results import BASELINE, NOISE, Evaluation
 from torch_tweak.torch.tune_strategy.screening import best_at_ends
+from torch_tweak.torch.tune_strategy.twins import thread_limited_reason
 
 if TYPE_CHECKING:
     from torch_tweak.torch.tune_strategy.ahead import BuildsAhead
@@ -134,8 +131,6 @@ MIN_CALL_MS = 1.0
 #: measured (MLPs, CNNs and BERT-shaped encoders on 2 cores of AVX2 and AVX-512 VNNI EPYCs and AMX Xeons): never the
 #: faster one.
 STATIC_INT8_LEAD = "0.06-0.79x"
-#: A thread-limited candidate is skipped when its every-core twin's shortest measured call took this long or more.
-THREADS_PAY_OFF_MS = 1.0
 _INDUCTOR, _AOT, _TORCHAO, _ORT = "TorchInductorBackend", "TorchInductorAOTBackend", "TorchAOBackend", "ONNXRuntimeBackend"
 
 
@@ -154,10 +149,9 @@ class StandIns:
         # a candidate screened out before its check has its one measurement in its row, not a sweep
         measured = {e.template.key(): e for e in evaluations if e.template is not None
                     and (e.sweep is not None or e.row.status == CandidateStatus.SCREENED_OUT)}
-        reason = None
-        if (twin := template.every_core_twin()) is not None:
-            reason = _threads_pay_off_reason(measured.get(twin.key()))
-        elif name == _TORCHAO:
+        twin = template.every_core_twin()
+        reason = None if twin is None else thread_limited_reason(twin, evaluations)
+        if name == _TORCHAO:
             inductor = measured.get(_default_key(_INDUCTOR))
             share = probed_linear_share(task)
             if inductor is not None and share is not None and share < LINEAR_SHARE:
@@ -170,7 +164,7 @@ class StandIns:
             elif template.key() == _default_key(_TORCHAO):
                 reason = self._measured_stand_in(template, task, evaluations) or _small_matrices_reason(task)
         elif name == _ORT and (fallback := template.precision_fallback()) is not None:
-            float_model = measured.get(fallback.key())
+            float_model = measured.get((fallback.every_core_twin() or fallback).key())  # one-thread int8: every core
             share = probed_linear_share(task)
             if float_model is not None and share is not None and share < LINEAR_SHARE:
                 reason = (f"its dynamic int8 quantizes nn.Linear layers only, which do {share:.2%} of this graph's "
@@ -323,18 +317,6 @@ def _probed(template: Backend, task: GraphTask) -> tuple[float, str] | None:
     probed candidate, scheduled differently, quantize the same)."""
     key = f"int8_layer:{template.outputs_key() or template.key()}"  # never stored: any value it has was measured
     return probe(task, key, lambda _: True, lambda: int8_layer_slowdown(template, task))  # type: ignore[no-any-return]
-
-
-def _threads_pay_off_reason(twin: Evaluation | None) -> str | None:
-    """Why a thread-limited candidate cannot beat ``twin``, its every-core twin (None: not measured, or short calls)."""
-    if twin is None or twin.sweep is None or not twin.sweep.measurements:
-        return None
-    shortest = min(m.p50_ms for m in twin.sweep.measurements)
-    if shortest < THREADS_PAY_OFF_MS:
-        return None
-    return (f"it runs the model of {twin.row.backend} on fewer threads, and that one's shortest call took "
-            f"{shortest:,.2f} ms: calls of {THREADS_PAY_OFF_MS:g} ms or more spend their time in work that threads "
-            "share, not in handing it over")
 
 
 def _small_matrices_reason(task: GraphTask) -> str | None:
