@@ -34,7 +34,8 @@ def sweep_backend(backend: Backend, spec: GraphSpec, device: torch.device, plan:
         args, kwargs = resize_batch(sample, spec, batch_size) if plan.batched else sample
         if warm_calls.warm(backend, args, kwargs, profiling.warmup_max_s):
             warm.add(batch_size)
-        return lambda: backend.infer(*args, **kwargs)
+        serve = backend.serving()  # what a tuned module calls: a guard's check on its runtime's input view, not infer's
+        return lambda: serve(*args, **kwargs)
 
     def go_on(measurement: Measurement) -> bool:
         return (keep_going is None or keep_going(measurement)) and not out_of_reach(measurement, plan)
