@@ -245,9 +245,9 @@ class ONNXRuntimeBackend(Backend):
         int8 that runs faster than float (a BERT-base on 2 cores of an AVX2 EPYC: 77 against 135 ms at batch 1,
         cosine 0.9992 of eager; docs/backends.md). On a CNN a stand-in rule skips it. With more than one usable core,
         the INT8 model on one thread too: an MLP 256-512-256 on 2 cores of an AVX2 EPYC (torch tensors in and out)
-        took 23.8 µs at batch 1 on one thread against 32.5 µs on two (fp32: 32.0 µs), 124 against 118 µs at batch
-        32. One-thread fp32 was no faster there (34.3 µs; 205 µs at batch 32) nor on a Sapphire Rapids Xeon. Calls
-        of a millisecond and more (a BERT-base) skip the one-thread twin (``tune_strategy/twins.py``)."""
+        took 23.8 µs at batch 1 on one thread against 32.5 µs on two in one run, 23.8 against 23.3 µs in another.
+        One-thread fp32 was no faster there (34.3 against 32.0 µs; 205 against 150 µs at batch 32) nor on a Sapphire
+        Rapids Xeon. Calls of a millisecond and more (a BERT-base) skip the one-thread twin (``tune_strategy/twins.py``)."""
         variants: list[Backend] = [cls()]
         if importlib.util.find_spec("onnx") is not None:
             variants.append(cls(ONNXRuntimeBackendConfig(quantization="int8_dynamic")))
