@@ -19,6 +19,7 @@ from torch_tweak.torch.backend import (
     TorchEagerBackend,
 )
 from torch_tweak.torch.module.recording import record
+from torch_tweak.torch.profiling import ProfilingConfig
 from torch_tweak.torch.testing import FakeClock, TimedBackend
 
 CPU = torch.device("cpu")
@@ -137,3 +138,28 @@ def test_the_one_input_fast_path_answers_and_fails_like_infer(runtime, tmp_path)
     backend.deactivate()
     with pytest.raises(BackendStateError):
         backend.serving()(torch.randn(2, 8))
+
+
+def test_tuning_times_the_serving_function_a_tuned_module_calls(monkeypatch):
+    served, checked = [0], [0]
+    infer = TorchEagerBackend._infer
+
+    def counted_serving(self):
+        def serve(*args, **kwargs):
+            served[0] += 1
+            return infer(self, *args, **kwargs)
+        return serve
+
+    def counted_infer(self, *args, **kwargs):
+        checked[0] += 1
+        return infer(self, *args, **kwargs)
+
+    monkeypatch.setattr(TorchEagerBackend, "_serving", counted_serving)
+    monkeypatch.setattr(TorchEagerBackend, "_infer", counted_infer)
+    strategy = tt.HighestThroughputStrategy([TorchEagerBackend()], profiling=ProfilingConfig(warmup_calls=1, min_calls=3, window_size=3, min_time_s=0.0, max_time_s=0.05))
+    wrapped = tt.Module(mlp(), name="timed_served", strategy=strategy)
+    report = tt.tune(wrapped, [torch.randn(8) for _ in range(4)], batch_sizes=[1, 2], executor="inline")
+    timed = sum(run["calls"] for row in report.modules[0].graphs[0].candidates
+                for run in (row.measurements or {}).get("runs", []))
+    assert timed > 0 and served[0] >= timed  # every timed call went through the serving function
+    assert checked[0] > 0  # fidelity checks and warm-up calls use infer
