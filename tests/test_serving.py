@@ -156,7 +156,8 @@ def test_tuning_times_the_serving_function_a_tuned_module_calls(monkeypatch):
 
     monkeypatch.setattr(TorchEagerBackend, "_serving", counted_serving)
     monkeypatch.setattr(TorchEagerBackend, "_infer", counted_infer)
-    strategy = tt.HighestThroughputStrategy([TorchEagerBackend()], profiling=ProfilingConfig(warmup_calls=1, min_calls=3, window_size=3, min_time_s=0.0, max_time_s=0.05))
+    fast = ProfilingConfig(warmup_calls=1, min_calls=3, window_size=3, min_time_s=0.0, max_time_s=0.05)
+    strategy = tt.HighestThroughputStrategy([TorchEagerBackend()], profiling=fast)
     wrapped = tt.Module(mlp(), name="timed_served", strategy=strategy)
     report = tt.tune(wrapped, [torch.randn(8) for _ in range(4)], batch_sizes=[1, 2], executor="inline")
     timed = sum(run["calls"] for row in report.modules[0].graphs[0].candidates

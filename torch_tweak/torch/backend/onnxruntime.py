@@ -244,10 +244,8 @@ class ONNXRuntimeBackend(Backend):
         its dynamic INT8 variant, quantized from the fp32 candidate's export: on CPUs without VNNI or AMX it is the
         int8 that runs faster than float (a BERT-base on 2 cores of an AVX2 EPYC: 77 against 135 ms at batch 1,
         cosine 0.9992 of eager; docs/backends.md). On a CNN a stand-in rule skips it. With more than one usable core,
-        the INT8 model on one thread too: an MLP 256-512-256 on 2 cores of an AVX2 EPYC (torch tensors in and out)
-        took 23.8 µs at batch 1 on one thread against 32.5 µs on two in one run, 23.8 against 23.3 µs in another.
-        One-thread fp32 was no faster there (34.3 against 32.0 µs; 205 against 150 µs at batch 32) nor on a Sapphire
-        Rapids Xeon. Calls of a millisecond and more (a BERT-base) skip the one-thread twin (``tune_strategy/twins.py``)."""
+        the INT8 model on one thread too (an MLP 256-512-256, 2-core AVX2 EPYC: 23.8 against 32.5 µs at batch 1 in
+        one run, 23.8 against 23.3 in another; one-thread fp32 was no faster). ``tune_strategy/twins.py`` skips it."""
         variants: list[Backend] = [cls()]
         if importlib.util.find_spec("onnx") is not None:
             variants.append(cls(ONNXRuntimeBackendConfig(quantization="int8_dynamic")))
@@ -263,8 +261,9 @@ class ONNXRuntimeBackend(Backend):
 
     def every_core_twin(self) -> ONNXRuntimeBackend | None:
         """The same configuration with ``intra_op_num_threads=None`` (every usable core) when this one sets it."""
-        threads = self._config.intra_op_num_threads
-        return None if threads is None else ONNXRuntimeBackend(dataclasses.replace(self._config, intra_op_num_threads=None))
+        if self._config.intra_op_num_threads is None:
+            return None
+        return ONNXRuntimeBackend(dataclasses.replace(self._config, intra_op_num_threads=None))
 
     def _build(self, module: nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> Backend:
         import_onnxruntime()

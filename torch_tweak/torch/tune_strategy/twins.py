@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 #: A thread-limited candidate is skipped when its every-core twin's shortest measured call took this long or more.
 THREADS_PAY_OFF_MS = 1.0
-_TWIN_FAILURES = {CandidateStatus.BUILD_FAILED: "failed to build", CandidateStatus.REJECTED: "failed the fidelity check",
-                  CandidateStatus.SKIPPED: "was skipped"}
+_TWIN_FAILURES = {CandidateStatus.BUILD_FAILED: "failed to build",
+                  CandidateStatus.REJECTED: "failed the fidelity check", CandidateStatus.SKIPPED: "was skipped"}
 
 
 def twin_of(task: GraphTask, template: Backend) -> CandidateReport | None:
