@@ -76,6 +76,22 @@ def test_all_candidates_failing_falls_back_to_passthrough():
     assert torch.equal(wrapped(x), torch.nn.Sequential.forward(model, x))
 
 
+def test_a_module_that_fails_says_why_and_an_unexpected_error_logs_its_traceback(caplog):
+    class Broken(tt.FirstWinsStrategy):
+        def _tune(self, task):
+            raise AssertionError()  # a bug, not one of the library's errors: its message is empty
+
+    expected = tt.Module(mlp(), strategy=tt.FirstWinsStrategy([NaNBackend()]))
+    broken = tt.Module(mlp(), strategy=Broken([TorchEagerBackend()]))
+    with caplog.at_level("WARNING", logger="torch_tweak.torch.tuning"):
+        tt.tune(expected, [torch.randn(8)] * 2)
+        report = tt.tune(broken, [torch.randn(8)] * 2)
+    assert report.modules[0].status == "passthrough" and report.modules[0].error == "AssertionError: "
+    first, second = [r for r in caplog.records if "it will run its original code" in r.getMessage()]
+    assert "TuningError: There is no valid backend" in first.getMessage() and not first.exc_info
+    assert second.getMessage().endswith("original code: AssertionError: ") and second.exc_info[0] is AssertionError
+
+
 def test_failures_propagate_when_not_ignored():
     wrapped = tt.Module(mlp(), strategy=tt.FirstWinsStrategy([NaNBackend()]))
     with pytest.raises(TuningError, match="There is no valid backend"):

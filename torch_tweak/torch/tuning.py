@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from torch_tweak.errors import ConfigError, TuningError, WorkerError
+from torch_tweak.errors import ConfigError, TorchTweakError, TuningError, WorkerError
 from torch_tweak.torch import progress
 from torch_tweak.torch._device import get_device
 from torch_tweak.torch.cache import cache_folder, cache_root
@@ -170,7 +170,9 @@ def _record_and_tune(func: Callable[..., Any], items: Any, sizes: list[int], max
             module_report.error = f"{type(exc).__name__}: {exc}"
             if not ignore_failing_modules:
                 raise
-            logger.warning("Tuning module %s failed, it will run its original code: %s", module.name, exc)
+            # an error of ours says what and why; anything else is a bug whose traceback the user needs to report
+            logger.warning("Tuning module %s failed, it will run its original code: %s", module.name,
+                           module_report.error, exc_info=not isinstance(exc, TorchTweakError))
             module.enable_passthrough()
     report.duration_s = time.perf_counter() - start
     logger.info("Tuned %d module(s) in %.1fs", len(modules), report.duration_s)

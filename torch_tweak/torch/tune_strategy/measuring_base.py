@@ -63,7 +63,7 @@ from torch_tweak.torch.tune_strategy.results import (
     selection_dict,
     unbuilt,
 )
-from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, worth_keeping
+from torch_tweak.torch.tune_strategy.routing import batch_routes, describe_routes, serving_of, worth_keeping
 from torch_tweak.torch.tune_strategy.screening import BuildCosts, ScreeningSteps, screening_plan
 from torch_tweak.torch.tune_strategy.stand_ins import StandIns, skipped_row
 from torch_tweak.torch.tune_strategy.sweeping import sweep_backend
@@ -133,10 +133,8 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Conte
         self.profiling = apply_stop_rules(profiling or ProfilingConfig(), measurement_stop_strategy,
                                           profiling_stop_strategy, owner)
         self.eager_margin = check_positive(eager_margin, f"{owner}: eager_margin", allow_zero=True)
-        if candidate_time_limit_s is not None:
-            candidate_time_limit_s = check_positive(candidate_time_limit_s, f"{owner}: candidate_time_limit_s",
-                                                        allow_zero=False)
-        self.candidate_time_limit_s = candidate_time_limit_s
+        self.candidate_time_limit_s = None if candidate_time_limit_s is None else check_positive(
+            candidate_time_limit_s, f"{owner}: candidate_time_limit_s", allow_zero=False)
         self.find_max_batch_size = check_bool(find_max_batch_size, f"{owner}: find_max_batch_size")
         self.max_batch_size_limit = check_int(max_batch_size_limit, f"{owner}: max_batch_size_limit", minimum=1)
         self.baseline = backends_from([baseline], owner)[0] if baseline is not None else TorchEagerBackend()
@@ -226,27 +224,30 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Conte
                 best = winner if winner is not None and winner.qualified else self._best(evaluations)
                 chosen, reason = self._choose(task, evaluations, best, versus_eager if best is winner else None)
                 routes = batch_routes(chosen, evaluations, 1.0 + self.eager_margin) if self._routes_batches else None
-                if not (missing := unbuilt([chosen] if routes is None else [e for _, e in routes])):
+                if missing := unbuilt(serving_of(chosen, routes)):
+                    for evaluation in missing:
+                        self._rebuild(task, evaluation)
+                    continue
+                routes, confirmed = self._confirm_routes(task, chosen, evaluations, routes, plan, executor, shared)
+                routes, crossing = self._routes_across_runtimes(task, chosen, evaluations, routes, plan, executor,
+                                                                shared) if self._routes_batches else (routes, "")
+                # routes can leave out a worker-measured contest winner, then give it sizes back: build it now
+                if all(self._rebuild(task, evaluation) for evaluation in unbuilt(serving_of(chosen, routes))):
                     break
-                for evaluation in missing:
-                    self._rebuild(task, evaluation)
-            routes, confirmed = self._confirm_routes(task, chosen, evaluations, routes, plan, executor, shared)
-            routes, crossing = self._routes_across_runtimes(task, chosen, evaluations, routes, plan, executor, shared) \
-                if self._routes_batches else (routes, "")
         finally:  # the worker times routes across runtimes too
             if executor is not None and shared is not None:
                 executor.release(shared)
             if cache is not None:  # what the graph's probes and mixed calls measured, for a rerun
                 cache.store_probes(task.probed, KEPT_PROBES)
-        serving = [chosen] if routes is None else [e for _, e in routes]
+        serving = serving_of(chosen, routes)
         for evaluation in evaluations:
             if all(evaluation is not e for e in serving) and evaluation.backend is not None:
                 release_quietly(evaluation.backend)
         for evaluation in serving:
             evaluation.row.status = CHOSEN
-        assert chosen.backend is not None
-        backend, task.report.chosen = chosen.backend, chosen.row.backend
-        if routes is not None:
+        if routes is None:
+            backend, task.report.chosen = chosen.backend, chosen.row.backend  # built: the loop above saw to it
+        else:
             backend = BatchRouterBackend([(bound, e.backend) for bound, e in routes], task.graph_spec)
             task.report.chosen = backend.describe()
             reason = f"{reason}; {describe_routes(routes, chosen)}"
@@ -397,4 +398,3 @@ class MeasuringStrategy(ReusedResults, IsolatedCandidates, ScreeningSteps, Conte
     def batch_search_measure(self) -> Measure:
         """This strategy's own measurement, unless the search was given a profiling config of its own."""
         return self._measure_backend if self._search_profiling is None else super().batch_search_measure()
-

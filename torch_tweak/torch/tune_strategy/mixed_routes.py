@@ -36,7 +36,7 @@ from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task, relea
 from torch_tweak.torch.tune_strategy.graph_probes import MIXED_CALL_TIMES
 from torch_tweak.torch.tune_strategy.isolated import WorkerContext
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, unbuilt
-from torch_tweak.torch.tune_strategy.routing import Routes, batch_routes, runtime_of
+from torch_tweak.torch.tune_strategy.routing import Routes, batch_routes, runtime_of, serving_of
 from torch_tweak.utils import pause
 from torch_tweak.utils.pause import paused
 
@@ -145,7 +145,7 @@ class MixedRoutes:
     def _try_proposal(self: Any, task: GraphTask, chosen: Evaluation, routes: Routes | None, proposal: Routes,
                       plan: Plan, margin: float, executor: Executor | None, shared: Shared | None) -> tuple[bool, str]:
         """Measure ``proposal`` against ``routes`` on mixed calls: whether it is kept, and what the reason adds."""
-        serving = [chosen] if routes is None else [e for _, e in routes]
+        serving = serving_of(chosen, routes)
         others = sorted({e.row.backend for _, e in proposal if runtime_of(e) != runtime_of(chosen)})
         built_now = unbuilt(e for _, e in proposal)
         assert chosen.sweep is not None

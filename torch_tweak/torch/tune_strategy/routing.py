@@ -111,6 +111,11 @@ def batch_routes(chosen: Evaluation, evaluations: list[Evaluation], margin: floa
     return routes
 
 
+def serving_of(chosen: Evaluation, routes: Routes | None) -> list[Evaluation]:
+    """The candidates that serve calls: ``chosen`` alone, or each route's."""
+    return [chosen] if routes is None else [e for _, e in routes]
+
+
 def describe_routes(routes: Routes, chosen: Evaluation) -> str:
     """``batch sizes 1-3 go to X (24.1 vs 12.6 samples/s at batch 1; ...)`` per range ``chosen`` does not serve."""
     parts, low = [], 1
