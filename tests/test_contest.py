@@ -80,11 +80,46 @@ def test_a_drift_between_two_sweeps_is_undone_by_timing_them_in_turns(clock):
     _, _, graph = tune(strat)
     assert graph.chosen == steady.describe()
     contest = _contest_part(graph.reason)
-    assert contest.startswith(f"{steady.describe()} (3 rounds, p50 ms per call at the batch size its sweep judged "
-                              "each by: ")
+    assert contest.startswith(f"{steady.describe()} (3 rounds, p50 ms per call at the batch sizes the sweeps judged "
+                              "them by: ")
     assert f"{lucky.describe()} 1.6 at batch 8; {steady.describe()} 1.28 at batch 8" in contest
     assert f"{steady.describe()} won, by 1.25x" in contest
     assert graph.reason.startswith("6250.0 samples/s at batch 8")  # the winner's own sweep, as measured
+
+
+class _NoisyAt(_OnMachine):
+    """Slowed ``machine.slowdown`` times at batch ``size`` only (a neighbour busy while that part of its sweep ran)."""
+
+    def __init__(self, clock: FakeClock, machine: _Machine, size: int, **fields: Any) -> None:
+        super().__init__(clock, machine, **fields)
+        self.size = size
+
+    def _infer(self, *args, **kwargs):
+        if args[0].shape[0] == self.size:
+            return super()._infer(*args, **kwargs)
+        return TimedBackend._infer(self, *args, **kwargs)
+
+
+def test_contenders_judged_at_different_batch_sizes_are_timed_at_each_others_too(clock, monkeypatch):
+    machine = _Machine()
+    machine.slowdown = 1.6
+    # "two" is faster at every size (1.4 against 1.8 ms at batch 8), but its sweep at batch 8 was slowed to 2.24 ms,
+    # so the sweeps judge it at batch 4 (4000/s) and "one" at batch 8 (4444/s). Compared that way, one stays.
+    one = TimedBackend(clock, ms_per_call=1.0, ms_per_sample=0.1, label="one")
+    two = _NoisyAt(clock, machine, 8, ms_per_call=0.6, ms_per_sample=0.1, label="two")
+    timed = contest_module.contest_times
+
+    def quiet_machine(*args, **kwargs):
+        machine.slowdown = 1.0
+        return timed(*args, **kwargs)
+
+    monkeypatch.setattr(contest_module, "contest_times", quiet_machine)
+    strat = strategy(tt.HighestThroughputStrategy, clock, [one, two], eager_ms=5.0, screening=False,
+                     batch_routing=False)
+    _, _, graph = tune(strat)
+    contest = _contest_part(graph.reason)
+    assert f"{one.describe()} 1.4/1.8 at batch 4/8; {two.describe()} 1/1.4 at batch 4/8" in contest
+    assert f"{two.describe()} won, by 1.29x" in contest and graph.chosen == two.describe()
 
 
 def test_a_rival_level_in_turns_does_not_replace_the_best(clock):
@@ -143,14 +178,14 @@ def test_only_rivals_close_to_the_best_are_timed_again(clock):
     assert far.describe() not in graph.reason
 
 
-def test_each_contender_is_timed_at_the_batch_size_its_sweep_judged_it_by(clock):
+def test_each_contender_is_timed_at_every_size_a_sweep_judged_a_contender_by_and_scored_at_its_best(clock):
     peaked = TimedBackend(clock, ms_per_call=1.0, ms_per_sample_squared=0.25, label="peaked")  # best at b2: 1000/s
     flat = TimedBackend(clock, ms_per_call=7.0, label="flat")  # best at b8: 1143/s
     strat = strategy(tt.HighestThroughputStrategy, clock, [peaked, flat], eager_ms=50.0, screening=False,
                      batch_routing=False)
     _, _, graph = tune(strat)
     assert graph.chosen == flat.describe()
-    assert f"{flat.describe()} 7 at batch 8; {peaked.describe()} 2 at batch 2)" in _contest_part(graph.reason)
+    assert f"{flat.describe()} 7/7 at batch 2/8; {peaked.describe()} 2/17 at batch 2/8)" in _contest_part(graph.reason)
 
 
 def test_lowest_latency_contests_on_the_latency_of_its_batch_size(clock):

@@ -6,7 +6,8 @@ ResNet-50 at 37 and at 25 samples/s an hour apart), and at a large batch of a sl
 two calls, so the sweeps can order two candidates that are level, or even the wrong way round. So before the
 choice is final, the best candidate and up to :data:`MAX_RIVALS` others whose score came within
 :data:`CONTEST_WITHIN` of it are served again and timed in turns: :data:`ROUNDS` blocks each, the order rotating
-from round to round, each at the batch size its sweep judged it by. A drift then falls on all of them alike.
+from round to round, each at every batch size a sweep judged one of them by (a throughput scored at its best of
+them). A drift then falls on all of them alike.
 A rival replaces the best only when it beats it in turns by :data:`MIN_WIN` on the strategy's metric. The
 graph's reason in the report gives the times either way; the result cache keeps them, so a rerun that reuses
 the measurements decides alike without timing anything.
@@ -146,7 +147,11 @@ class Contests:
         if not (rivals or eager) or best.template is None:
             return best, "", None
         contenders = [best, *rivals, *([eager] if eager is not None else [])]
-        sizes = [[e.pick.batch_size] for e in contenders]  # type: ignore[union-attr]  # the size each was judged at
+        # every candidate at each candidate's judged size: a sweep slowed at the largest size by noise judges its
+        # candidate at a smaller one, where a batch's calls pay more per sample (an int8 MLP on two threads at
+        # batch 16 lost to its one-thread twin at 32, and served 1.25x faster than it at 32); eager adds its own
+        picks = sorted({e.pick.batch_size for e in contenders if e is not eager})  # type: ignore[union-attr]
+        sizes = [sorted({*picks, e.pick.batch_size}) if e is eager else picks for e in contenders]  # type: ignore
         names = ", ".join(e.row.backend for e in contenders[1:])
         times = self._time_in_turns(task, contenders, sizes, plan, executor, shared, f"head-to-head with {names}",
                                     ahead)
@@ -164,10 +169,10 @@ class Contests:
         versus_eager = _factor(scores[at], scores[-1]) if eager is not None else None
         if versus_eager is not None:
             verdict += ("; " if verdict else "") + f"{winner.row.backend} {versus_eager:.2f}x eager in turns"
-        per_call = "; ".join(f"{e.row.backend} {t[size]:.3g} at batch {size}"
-                             for e, t, (size,) in zip(contenders, times, sizes, strict=True))
-        note = (f"; timed in turns with {names} ({ROUNDS} rounds, p50 ms per call at the batch size its sweep judged "
-                f"each by: {per_call}): {verdict}")
+        per_call = "; ".join(f"{e.row.backend} {_per_size(t, own)} at batch {'/'.join(map(str, own))}"
+                             for e, t, own in zip(contenders, times, sizes, strict=True))
+        note = (f"; timed in turns with {names} ({ROUNDS} rounds, p50 ms per call at the batch sizes the sweeps judged "
+                f"them by: {per_call}): {verdict}")
         logger.info("%s: head-to-head%s", describe_task(task), note[1:])
         return winner, note, versus_eager
 
