@@ -463,6 +463,38 @@ def test_int8_builds_quantized_and_passes_where_it_should(tmp_path: Path) -> Non
         torch.testing.assert_close(wrapped(x), wide(x), atol=0.05, rtol=0.05)
 
 
+def test_int8_weights_lose_their_all_zero_zero_points_and_keep_their_outputs(tmp_path: Path) -> None:
+    onnx = pytest.importorskip("onnx")
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from torch_tweak.torch.backend._onnx import _drop_zero_weight_zero_points
+
+    backend, _, _, _ = build("mlp", tmp_path, INT8)
+    model = onnx.load(str(backend.to_dict()["onnx_model"]))
+    products = [node for node in model.graph.node if node.op_type == "MatMulInteger"]
+    assert products and all(len(node.input) == 3 for node in products)  # activation, weight, activation's zero point
+    assert not [t.name for t in model.graph.initializer if "zero_point" in t.name]
+    # against onnxruntime's own output: the same arithmetic, so the same numbers; a non-zero point stays
+    source = tmp_path / "float.onnx"
+    torch.onnx.export(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval(), (torch.randn(2, 8),),
+                      str(source), input_names=["x"], dynamic_axes={"x": {0: "batch"}}, dynamo=False)
+    plain, dropped, uint8 = tmp_path / "plain.onnx", tmp_path / "dropped.onnx", tmp_path / "uint8.onnx"
+    for target, weight_type in ((plain, QuantType.QInt8), (uint8, QuantType.QUInt8)):
+        quantize_dynamic(source, target, op_types_to_quantize=["MatMul", "Gemm"], per_channel=True,
+                         weight_type=weight_type)
+    dropped.write_bytes(plain.read_bytes())
+    _drop_zero_weight_zero_points(dropped)
+    _drop_zero_weight_zero_points(uint8)
+    x = {"x": torch.randn(5, 8).numpy()}
+    runs = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, x)[0] for p in (plain, dropped)]
+    assert (runs[0] == runs[1]).all()
+    def points(path: Path) -> int:
+        return sum(len(n.input) == 4 for n in onnx.load(str(path)).graph.node if n.op_type == "MatMulInteger")
+
+    assert points(plain) > 0 and points(dropped) == 0 and points(uint8) == points(plain)
+
+
 def test_int8_is_rejected_where_it_should_not_run() -> None:
     _, rows = _tune_int8(Outlier(), (32,), FidelityConfig(check_non_finite=False))
     assert [r.status for r in rows] == ["rejected", "chosen"] and rows[0].precision == "int8"
