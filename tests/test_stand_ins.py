@@ -205,8 +205,8 @@ def test_onnxruntime_int8_is_skipped_on_a_graph_whose_linear_layers_do_almost_no
     pytest.importorskip("onnx")
     from torch_tweak.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
 
-    int8 = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(quantization="int8_dynamic"))
-    one = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(quantization="int8_dynamic", intra_op_num_threads=1))
+    int8 = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(quantization="int8_dynamic_per_tensor"))  # -> per channel -> fp32
+    one = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(quantization="int8_dynamic_per_tensor", intra_op_num_threads=1))
     strategy = tt.HighestThroughputStrategy([ONNXRuntimeBackend(), int8, one], screening=False)
     model = tt.Module(cnn(), name="cnn_ort", strategy=strategy)
     report = tt.tune(model, [torch.randn(3, 16, 16) for _ in range(4)], batch_sizes=[1, 2], executor="inline")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -35,6 +36,7 @@ from torch_tweak.torch.module.recording import record  # noqa: E402
 
 CPU = torch.device("cpu")
 INT8 = ONNXRuntimeBackendConfig(quantization="int8_dynamic")
+PER_TENSOR = ONNXRuntimeBackendConfig(quantization="int8_dynamic_per_tensor")
 
 
 def mlp() -> nn.Module:
@@ -192,9 +194,9 @@ def test_default_variants_add_dynamic_int8_where_onnx_can_quantize_and_one_threa
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: (real(name, *a) if onnx_installed else None) if name == "onnx" else real(name, *a))
     monkeypatch.setattr(ort_backend, "usable_cores", lambda: cores)
-    int8 = ["ONNXRuntimeBackend(quantization=int8_dynamic)"]
+    int8 = ["ONNXRuntimeBackend(quantization=int8_dynamic_per_tensor)"]
     if cores > 1:
-        int8.append("ONNXRuntimeBackend(intra_op_num_threads=1,quantization=int8_dynamic)")
+        int8.append("ONNXRuntimeBackend(intra_op_num_threads=1,quantization=int8_dynamic_per_tensor)")
     expected = ["ONNXRuntimeBackend()"] + (int8 if onnx_installed else [])
     variants = ONNXRuntimeBackend.default_variants()
     assert [b.describe() for b in variants] == expected
@@ -211,7 +213,7 @@ def test_default_variants_add_dynamic_int8_where_onnx_can_quantize_and_one_threa
         ({"intra_op_num_threads": 0}, "intra_op_num_threads"),
         ({"intra_op_num_threads": True}, "intra_op_num_threads"),
         ({"execution_mode": None}, "execution_mode"),
-        ({"quantization": "int4"}, "'int8_dynamic'"),
+        ({"quantization": "int4"}, "'int8_dynamic_per_tensor', 'int8_dynamic'"),
     ],
 )
 def test_config_validation(kwargs: dict, message: str) -> None:
@@ -461,6 +463,61 @@ def test_int8_builds_quantized_and_passes_where_it_should(tmp_path: Path) -> Non
     x = torch.randn(7, 16, 64)
     with torch.no_grad():
         torch.testing.assert_close(wrapped(x), wide(x), atol=0.05, rtol=0.05)
+
+
+class TwoScales(nn.Module):
+    """An output channel with weights 1000x the others': one INT8 scale for the whole weight matrix rounds the other
+    channels' weights to zero, one scale per output channel keeps them. The two groups are separate outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(16, 8)
+        with torch.no_grad():
+            self.lin.weight[0] *= 1000
+        self.eval()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.lin(x)
+        return y[..., :1], y[..., 1:]
+
+
+def test_int8_weights_take_one_scale_per_matrix_or_per_output_channel(tmp_path: Path) -> None:
+    onnx = pytest.importorskip("onnx")
+    from onnx import numpy_helper
+
+    shapes = {}
+    for name, config in (("tensor", PER_TENSOR), ("channel", INT8)):
+        backend, _, _, model = build("mlp", tmp_path / name, config)
+        graph = onnx.load(str(backend.to_dict()["onnx_model"])).graph
+        scales = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        shapes[name] = [scales[n.input[1]].shape for n in graph.node if n.op_type == "Mul" and n.input[1] in scales]
+        x = torch.randn(5, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(backend.infer(x), model(x), atol=0.05, rtol=0.05)
+    assert shapes["tensor"] == [(), ()] and shapes["channel"] == [(16,), (4,)]  # the scales of the two weights
+
+
+def test_int8_rejected_with_per_tensor_weights_is_retried_per_channel_then_in_float() -> None:
+    chain, backend = [], ONNXRuntimeBackend(dataclasses.replace(PER_TENSOR, intra_op_num_threads=1))
+    while backend is not None:
+        chain.append(backend.describe())
+        backend = backend.precision_fallback()
+    assert chain == ["ONNXRuntimeBackend(intra_op_num_threads=1,quantization=int8_dynamic_per_tensor)",
+                     "ONNXRuntimeBackend(intra_op_num_threads=1,quantization=int8_dynamic)",
+                     "ONNXRuntimeBackend(intra_op_num_threads=1)"]
+    pytest.importorskip("onnx")
+    strategy = tt.HighestThroughputStrategy([ONNXRuntimeBackend(PER_TENSOR)],
+                                            fidelity=FidelityConfig(check_non_finite=False))
+    wrapped = tt.Module(TwoScales(), name="two_scales", strategy=strategy)
+    report = tt.tune(wrapped, [torch.randn(16) for _ in range(4)], batch_sizes=[1, 4], executor="inline")
+    rows = {r.backend: r for r in report.modules[0].graphs[0].candidates}
+    per_tensor = rows["ONNXRuntimeBackend(quantization=int8_dynamic_per_tensor)"]
+    assert per_tensor.status == "rejected" and "tolerance for int8" in per_tensor.error
+    per_channel = rows["ONNXRuntimeBackend(quantization=int8_dynamic)"]  # its own row, after the rejected one
+    assert per_channel.status in ("passed", "chosen") and per_channel.precision == "int8"
+    assert per_channel.fidelity["max_rel_l2"] < 0.05 < per_tensor.fidelity["max_rel_l2"]
+    assert "ONNXRuntimeBackend()" not in rows  # passed: no float retry
 
 
 def test_int8_weights_lose_their_all_zero_zero_points_and_keep_their_outputs(tmp_path: Path) -> None:

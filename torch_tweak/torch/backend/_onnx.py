@@ -164,8 +164,9 @@ def _root_logger_untouched() -> Iterator[None]:
             root.removeHandler(guard)
 
 
-def quantize_int8_dynamic(source: Path, target: Path, log_dir: Path | None) -> Path:
-    """Write ``source`` with INT8 ``MatMul`` weights (per output channel) to ``target``; return ``target``.
+def quantize_int8_dynamic(source: Path, target: Path, log_dir: Path | None, *, per_channel: bool) -> Path:
+    """Write ``source`` with INT8 ``MatMul`` weights (one scale per output channel, or per matrix) to ``target``;
+    return ``target``.
 
     ``Gemm`` nodes (what the exporter makes of an ``nn.Linear`` on 2-D inputs) are first rewritten as
     ``MatMul`` + ``Add``, which onnxruntime's dynamic quantization handles and ``Gemm`` it does not. On a CPU whose
@@ -185,7 +186,7 @@ def quantize_int8_dynamic(source: Path, target: Path, log_dir: Path | None) -> P
                     "with 8-bit weights", source.name)
     try:
         with _root_logger_untouched():
-            quantize_dynamic(model if rewritten else source, target, op_types_to_quantize=["MatMul"], per_channel=True,
+            quantize_dynamic(model if rewritten else source, target, op_types_to_quantize=["MatMul"], per_channel=per_channel,
                              weight_type=QuantType.QInt8, reduce_range=reduce_range, use_external_data_format=large)
         if not large:
             _drop_zero_weight_zero_points(target)

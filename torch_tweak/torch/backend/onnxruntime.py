@@ -23,14 +23,19 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from torch_tweak.errors import BuildError, CheckpointError, UnsupportedDeviceError, UnsupportedInputError
+from torch_tweak.errors import BuildError, CheckpointError, UnsupportedDeviceError
 from torch_tweak.torch.backend._artifact_reuse import copy_files, fingerprint, forget, matches, record
-from torch_tweak.torch.backend._export import CallLeaves
-from torch_tweak.torch.backend._onnx import OPSET, export_onnx, quantize_int8_dynamic, require
+from torch_tweak.torch.backend._onnx import OPSET, export_onnx, quantize_int8_dynamic
+from torch_tweak.torch.backend._onnx_session import (
+    EXECUTION_MODES,
+    OPTIMIZATION_LEVELS,
+    OnnxSession,
+    import_onnxruntime,
+)
 from torch_tweak.torch.backend.backend import Backend, BackendConfig
 from torch_tweak.torch.environment import usable_cores
 from torch_tweak.torch.module.spec import GraphSpec
-from torch_tweak.torch.module.tree import TENSOR, Sample, dtype_name, unflatten
+from torch_tweak.torch.module.tree import Sample
 from torch_tweak.utils.permissions import secure_mkdir
 from torch_tweak.utils.validate import check_choice, check_int
 
@@ -39,12 +44,8 @@ logger = logging.getLogger(__name__)
 MODEL_NAME = "model.onnx"
 EXPORTED_NAME = "exported.onnx"
 STATE_MODEL = "onnx_model"
-OPTIMIZATION_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
-                       "disabled": "ORT_DISABLE_ALL"}
-EXECUTION_MODES = {"sequential": "ORT_SEQUENTIAL", "parallel": "ORT_PARALLEL"}
-QUANTIZATIONS = ("int8_dynamic",)
-_ONNX_TYPES = {"float": torch.float32, "double": torch.float64, "float16": torch.float16, "int64": torch.int64,
-               "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool}
+QUANTIZATIONS = ("int8_dynamic_per_tensor", "int8_dynamic")
+_FINER = {"int8_dynamic_per_tensor": "int8_dynamic", "int8_dynamic": None}  # a rejected model's next candidate
 
 
 @dataclass
@@ -58,8 +59,9 @@ class ONNXRuntimeBackendConfig(BackendConfig):
             counted when the session is created.
         execution_mode: ``sequential`` (one node at a time, each using the pool) or ``parallel`` (independent
             branches at once).
-        quantization: None (fp32), or ``int8_dynamic`` (INT8 ``MatMul`` weights per output channel, activations
-            quantized per call).
+        quantization: None (fp32); ``int8_dynamic_per_tensor`` (INT8 ``MatMul`` weights with one scale per matrix,
+            onnxruntime's default and its faster kernel), or ``int8_dynamic`` (one scale per output channel, finer);
+            activations are quantized per call.
     """
 
     #: Threads and execution mode run the same model: configurations differing only in them are twins.
@@ -80,131 +82,6 @@ class ONNXRuntimeBackendConfig(BackendConfig):
         self.execution_mode = check_choice(mode.lower() if isinstance(mode, str) else mode,
                                            f"{owner}.execution_mode", EXECUTION_MODES)
         check_choice(self.quantization, f"{owner}.quantization", QUANTIZATIONS, allow_none=True)
-
-
-def import_onnxruntime() -> Any:
-    """Import and return ``onnxruntime``, or raise :class:`BackendUnavailableError`."""
-    require("onnxruntime", what="to run ONNX models")
-    import onnxruntime
-
-    return onnxruntime
-
-
-class _Session:
-    """An ``InferenceSession`` with the mapping from a call's tensors to its inputs and back to the output structure."""
-
-    def __init__(self, path: Path, config: ONNXRuntimeBackendConfig, spec: GraphSpec) -> None:
-        ort = import_onnxruntime()
-        options = ort.SessionOptions()
-        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[
-            config.graph_optimization_level])
-        options.execution_mode = getattr(ort.ExecutionMode, EXECUTION_MODES[config.execution_mode])
-        options.intra_op_num_threads = config.intra_op_num_threads or usable_cores() or 1
-        options.log_severity_level = 3  # errors only: unused-initializer notes are not the user's concern
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.threads = options.intra_op_num_threads
-        self._spec = spec
-        index = {s.name: i for i, s in enumerate(spec.inputs)}
-        names = [i.name for i in self.session.get_inputs()]
-        outputs = self.session.get_outputs()
-        if any(n not in index for n in names) or len(outputs) != len(spec.outputs):
-            raise BuildError(
-                f"The ONNX model has inputs {names} and {len(outputs)} outputs, but graph {spec.name!r} has inputs "
-                f"{list(index)} and {len(spec.outputs)} outputs; the model was not exported for this graph."
-            )
-        self._feeds = [(name, index[name]) for name in names]  # an input the module ignores may have been dropped
-        self._dtypes = [s.torch_dtype for s in spec.inputs]
-        self._out_structure = spec.output_structure
-        self._leaves = CallLeaves(spec, "ONNX model")
-        self._single = self._out_structure == TENSOR
-        produced = [_ONNX_TYPES.get(o.type.removeprefix("tensor(").removesuffix(")")) for o in outputs]
-        self._casts = [(i, s.torch_dtype) for i, (d, s) in enumerate(zip(produced, spec.outputs)) if d != s.torch_dtype]
-        self._output_names = [o.name for o in outputs]
-        # InferenceSession.run checks feeds, ownership and graph capture in Python before calling its binding (3-5
-        # µs of a 10 µs call on a tiny MLP); the feeds built here always pass those checks, so call the binding.
-        binding = getattr(self.session, "_sess", None)
-        self._run = binding.run if callable(getattr(binding, "run", None)) else self.session.run
-        # one RunOptions for all calls (a run only reads it): None builds one per call, 0.6-0.8 µs of a 14 µs call
-        self._options = ort.RunOptions()
-
-    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        leaves = self._leaves(args, kwargs)
-        try:
-            feed = {name: leaves[i].numpy() for name, i in self._feeds}
-        except (RuntimeError, TypeError, AttributeError):  # autograd, non-CPU, non-tensor leaves
-            feed = self._slow_feed(leaves)
-        try:
-            arrays = self._run(self._output_names, feed, self._options)
-        except Exception as exc:  # onnxruntime's own exception types, none of them a builtin it documents
-            raise self._input_error(leaves, exc) from exc
-        outputs = [torch.from_numpy(a) for a in arrays]
-        for i, dtype in self._casts:
-            outputs[i] = outputs[i].to(dtype)
-        return outputs[0] if self._single else unflatten(self._out_structure, outputs)
-
-    def serving(self) -> Callable[..., Any]:
-        """``self(args, kwargs)`` as a function of the call. A graph of one positional tensor and one output that
-        needs no cast (the common small model) goes straight to the binding; any other call takes the general path."""
-        general = self.__call__
-
-        def other(*args: Any, **kwargs: Any) -> Any:
-            return general(args, kwargs)
-
-        return self.checked_serving(None, None, other) or other
-
-    def checked_serving(self, array_ok: Callable[[Any], bool] | None, refused: Callable[..., Any] | None,
-                        other: Callable[..., Any]) -> Callable[..., Any] | None:
-        """The short path of :meth:`serving` (None where the graph does not allow it), which first asks ``array_ok``
-        (when given) about the call's numpy view and hands a call it refuses to ``refused(args, kwargs)``; calls the
-        short path cannot take go to ``other``. The non-finite guard checks the view the session is fed: next to
-        onnxruntime's spinning threads a second view and the guard's general walk cost an MLP 256-512-256 at batch
-        32 more than a tenth of its 95 µs int8 call (AVX2 EPYC, 2 cores)."""
-        if not (self._leaves.single_positional and len(self._feeds) == 1 and self._single and not self._casts):
-            return None
-        name, run, names, from_numpy, options = (self._feeds[0][0], self._run, self._output_names, torch.from_numpy,
-                                                 self._options)
-
-        def serve(*args: Any, **kwargs: Any) -> Any:
-            if kwargs or len(args) != 1:
-                return other(*args, **kwargs)
-            try:
-                array = args[0].numpy()
-            except (RuntimeError, TypeError, AttributeError):
-                return other(*args, **kwargs)
-            if array_ok is not None and not array_ok(array):
-                return refused(args, kwargs)  # type: ignore[misc]
-            try:
-                return from_numpy(run(names, {name: array}, options)[0])
-            except Exception as exc:  # as in __call__
-                raise self._input_error(args, exc) from exc
-
-        return serve
-
-    def _slow_feed(self, leaves: Any) -> dict[str, Any]:
-        feed = {}
-        for name, i in self._feeds:
-            t = leaves[i] if i < len(leaves) else None
-            if not isinstance(t, torch.Tensor) or t.dtype is not self._dtypes[i]:
-                raise self._input_error(leaves, None)
-            feed[name] = t.numpy(force=True)
-        return feed
-
-    def _input_error(self, leaves: Any, exc: BaseException | None) -> UnsupportedInputError:
-        for t, spec in zip(leaves, self._spec.inputs):
-            if not isinstance(t, torch.Tensor):
-                return UnsupportedInputError(f"{spec.locator}: expected a tensor, got {type(t).__name__}.")
-            if dtype_name(t.dtype) != spec.dtype:
-                return UnsupportedInputError(
-                    f"{spec.locator}: expected dtype {spec.dtype}, got {dtype_name(t.dtype)}; the ONNX model was built "
-                    f"for {spec.dtype} inputs. Cast the input, or tune with {dtype_name(t.dtype)} inputs."
-                )
-            if t.dim() != spec.rank or any(isinstance(s, int) and s != n for s, n in zip(spec.shape, t.shape)):
-                return UnsupportedInputError(
-                    f"{spec.locator}: shape {list(t.shape)} does not fit the tuned shape {list(spec.shape)} (only "
-                    "batch and dynamic axes may change size). Tune with inputs of this shape."
-                )
-        cause = str(exc).strip().splitlines()[0] if exc is not None and str(exc).strip() else "see the cause"
-        return UnsupportedInputError(f"ONNX Runtime rejected the inputs of graph {self._spec.name!r}: {cause[:500]}")
 
 
 class ONNXRuntimeBackend(Backend):
@@ -228,7 +105,7 @@ class ONNXRuntimeBackend(Backend):
         self._config = config or ONNXRuntimeBackendConfig()
         self._graph_spec: GraphSpec | None = None
         self._model: Path | None = None
-        self._session: _Session | None = None
+        self._session: OnnxSession | None = None
 
     @property
     def executed_precision(self) -> str:
@@ -241,23 +118,27 @@ class ONNXRuntimeBackend(Backend):
     @classmethod
     def default_variants(cls) -> list[Backend]:
         """The fp32 model (every graph optimization, one thread per usable core) and, where ``onnx`` is installed,
-        its dynamic INT8 variant, quantized from the fp32 candidate's export: on CPUs without VNNI or AMX it is the
-        int8 that runs faster than float (a BERT-base on 2 cores of an AVX2 EPYC: 77 against 135 ms at batch 1,
-        cosine 0.9992 of eager; docs/backends.md). On a CNN a stand-in rule skips it. With more than one usable core,
+        its dynamic INT8 variant with per-tensor weights, quantized from the fp32 candidate's export: on CPUs without
+        VNNI or AMX it is the int8 that runs faster than float (a BERT-base on 2 cores of an AVX2 EPYC: 77 against
+        135 ms at batch 1, cosine 0.9992 of eager; docs/backends.md), and per-tensor weights run faster than
+        per-channel ones at small batches (an MLP 768-3072-768 at batch 1: 47 against 59 µs, AVX-512 VNNI EPYC, 2
+        cores; the same error on random weights). On a CNN a stand-in rule skips it. With more than one usable core,
         the INT8 model on one thread too (an MLP 256-512-256, 2-core AVX2 EPYC: 23.8 against 32.5 µs at batch 1 in
         one run, 23.8 against 23.3 in another; one-thread fp32 was no faster). ``tune_strategy/twins.py`` skips it."""
         variants: list[Backend] = [cls()]
         if importlib.util.find_spec("onnx") is not None:
-            variants.append(cls(ONNXRuntimeBackendConfig(quantization="int8_dynamic")))
+            int8 = ONNXRuntimeBackendConfig(quantization="int8_dynamic_per_tensor")
+            variants.append(cls(int8))
             if (usable_cores() or 1) > 1:
-                variants.append(cls(ONNXRuntimeBackendConfig(quantization="int8_dynamic", intra_op_num_threads=1)))
+                variants.append(cls(dataclasses.replace(int8, intra_op_num_threads=1)))
         return variants
 
     def precision_fallback(self) -> ONNXRuntimeBackend | None:
-        """The same configuration without quantization, for an INT8 model the fidelity check rejected."""
+        """For an INT8 model the fidelity check rejected, the next finer configuration: per-channel weights for
+        per-tensor ones, float for per-channel ones."""
         if self._config.quantization is None:
             return None
-        return ONNXRuntimeBackend(dataclasses.replace(self._config, quantization=None))
+        return ONNXRuntimeBackend(dataclasses.replace(self._config, quantization=_FINER[self._config.quantization]))
 
     def every_core_twin(self) -> ONNXRuntimeBackend | None:
         """The same configuration with ``intra_op_num_threads=None`` (every usable core) when this one sets it."""
@@ -292,7 +173,8 @@ class ONNXRuntimeBackend(Backend):
                     else:
                         self._logger.info("Quantizing the ONNX model of %s (same weights and graph)", exported.parent)
                         exported = exported / MODEL_NAME
-                    model = quantize_int8_dynamic(exported, model, cache_dir)
+                    model = quantize_int8_dynamic(exported, model, cache_dir,
+                                                 per_channel=self._config.quantization == "int8_dynamic")
                     for path in (cache_dir / EXPORTED_NAME, cache_dir / (EXPORTED_NAME + ".data")):
                         path.unlink(missing_ok=True)  # the fp32 model is not used once quantized
             record(cache_dir, fp)
@@ -323,7 +205,7 @@ class ONNXRuntimeBackend(Backend):
             raise RuntimeError("Backend has not been properly initialized. Please call build() first.")
         path = _model_file(self._model)
         try:
-            self._session = _Session(path, self._config, self._graph_spec)
+            self._session = OnnxSession(path, self._config, self._graph_spec)
         except BuildError:
             raise
         except Exception as exc:

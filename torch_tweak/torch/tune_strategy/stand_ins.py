@@ -164,6 +164,8 @@ class StandIns:
             elif template.key() == _default_key(_TORCHAO):
                 reason = self._measured_stand_in(template, task, evaluations) or _small_matrices_reason(task)
         elif name == _ORT and (fallback := template.precision_fallback()) is not None:
+            while (finer := fallback.precision_fallback()) is not None:  # per-tensor int8 -> per-channel -> float
+                fallback = finer
             float_model = measured.get((fallback.every_core_twin() or fallback).key())  # one-thread int8: every core
             share = probed_linear_share(task)
             if float_model is not None and share is not None and share < LINEAR_SHARE:
