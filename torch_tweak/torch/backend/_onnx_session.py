@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -18,9 +18,6 @@ from torch_tweak.torch.backend._onnx import require
 from torch_tweak.torch.environment import usable_cores
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.module.tree import TENSOR, dtype_name, unflatten
-
-if TYPE_CHECKING:
-    from torch_tweak.torch.backend.onnxruntime import ONNXRuntimeBackendConfig
 
 OPTIMIZATION_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
                        "disabled": "ORT_DISABLE_ALL"}
@@ -40,13 +37,13 @@ def import_onnxruntime() -> Any:
 class OnnxSession:
     """An ``InferenceSession`` with the mapping from a call's tensors to its inputs and back to the output structure."""
 
-    def __init__(self, path: Path, config: ONNXRuntimeBackendConfig, spec: GraphSpec) -> None:
+    def __init__(self, path: Path, spec: GraphSpec, *, optimization_level: str, execution_mode: str,
+                 threads: int | None) -> None:
         ort = import_onnxruntime()
         options = ort.SessionOptions()
-        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[
-            config.graph_optimization_level])
-        options.execution_mode = getattr(ort.ExecutionMode, EXECUTION_MODES[config.execution_mode])
-        options.intra_op_num_threads = config.intra_op_num_threads or usable_cores() or 1
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION_LEVELS[optimization_level])
+        options.execution_mode = getattr(ort.ExecutionMode, EXECUTION_MODES[execution_mode])
+        options.intra_op_num_threads = threads or usable_cores() or 1
         options.log_severity_level = 3  # errors only: unused-initializer notes are not the user's concern
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.threads = options.intra_op_num_threads

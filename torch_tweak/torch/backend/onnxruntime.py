@@ -205,7 +205,9 @@ class ONNXRuntimeBackend(Backend):
             raise RuntimeError("Backend has not been properly initialized. Please call build() first.")
         path = _model_file(self._model)
         try:
-            self._session = OnnxSession(path, self._config, self._graph_spec)
+            config = self._config
+            self._session = OnnxSession(path, self._graph_spec, optimization_level=config.graph_optimization_level,
+                                        execution_mode=config.execution_mode, threads=config.intra_op_num_threads)
         except BuildError:
             raise
         except Exception as exc:
