@@ -19,7 +19,7 @@ from torch import nn
 
 from torch_tweak.errors import ConversionError, UnsupportedInputError
 from torch_tweak.torch.module.spec import GraphSpec, resize_batch
-from torch_tweak.torch.module.tree import Sample, flatten, flatten_sample, unflatten_sample
+from torch_tweak.torch.module.tree import Sample, dtype_name, flatten, flatten_sample, unflatten_sample
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -61,6 +61,37 @@ class CallLeaves:
                 f"non-tensor values different from the recorded ones, which are constants of the {self._model})."
             )
         return leaves
+
+
+def leaf_mismatch(leaves: Sequence[Any], graph_spec: GraphSpec, model: str) -> UnsupportedInputError | None:
+    """How a call's input leaves do not fit the graph the ``model`` (``"ONNX model"``) was built for: a leaf that is
+    not a tensor, another dtype, or another size on a static axis (None when they fit)."""
+    for t, spec in zip(leaves, graph_spec.inputs):
+        if not isinstance(t, torch.Tensor):
+            return UnsupportedInputError(f"{spec.locator}: expected a tensor, got {type(t).__name__}.")
+        if dtype_name(t.dtype) != spec.dtype:
+            return UnsupportedInputError(
+                f"{spec.locator}: expected dtype {spec.dtype}, got {dtype_name(t.dtype)}; the {model} was built for "
+                f"{spec.dtype} inputs. Cast the input, or tune with {dtype_name(t.dtype)} inputs."
+            )
+        if t.dim() != spec.rank or any(isinstance(size, int) and size != n for size, n in zip(spec.shape, t.shape)):
+            return UnsupportedInputError(
+                f"{spec.locator}: shape {list(t.shape)} does not fit the graph's shape {list(spec.shape)}: its static "
+                f"axes were the same in every recorded call, and the {model} was built for that size. Tune with inputs "
+                "of this shape too (then the axis becomes dynamic)."
+            )
+    return None
+
+
+def short_path_serving(call: Callable[[tuple[Any, ...], dict[str, Any]], Any],
+                       checked_serving: Callable[..., Callable[..., Any] | None]) -> Callable[..., Any]:
+    """The serving function of a runtime's runner: its short path (``checked_serving(None, None, general)``, None
+    where the graph does not allow one) or, else and for calls the short path cannot take, ``call(args, kwargs)``."""
+
+    def general(*args: Any, **kwargs: Any) -> Any:
+        return call(args, kwargs)
+
+    return checked_serving(None, None, general) or general
 
 
 class FlatForward(nn.Module):

@@ -13,11 +13,11 @@ from typing import Any
 import torch
 
 from torch_tweak.errors import BuildError, UnsupportedInputError
-from torch_tweak.torch.backend._export import CallLeaves
+from torch_tweak.torch.backend._export import CallLeaves, leaf_mismatch, short_path_serving
 from torch_tweak.torch.backend._onnx import require
 from torch_tweak.torch.environment import usable_cores
 from torch_tweak.torch.module.spec import GraphSpec
-from torch_tweak.torch.module.tree import TENSOR, dtype_name, unflatten
+from torch_tweak.torch.module.tree import TENSOR, unflatten
 
 OPTIMIZATION_LEVELS = {"all": "ORT_ENABLE_ALL", "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
                        "disabled": "ORT_DISABLE_ALL"}
@@ -89,12 +89,7 @@ class OnnxSession:
     def serving(self) -> Callable[..., Any]:
         """``self(args, kwargs)`` as a function of the call. A graph of one positional tensor and one output that
         needs no cast (the common small model) goes straight to the binding; any other call takes the general path."""
-        general = self.__call__
-
-        def other(*args: Any, **kwargs: Any) -> Any:
-            return general(args, kwargs)
-
-        return self.checked_serving(None, None, other) or other
+        return short_path_serving(self.__call__, self.checked_serving)
 
     def checked_serving(self, array_ok: Callable[[Any], bool] | None, refused: Callable[..., Any] | None,
                         other: Callable[..., Any]) -> Callable[..., Any] | None:
@@ -134,18 +129,8 @@ class OnnxSession:
         return feed
 
     def _input_error(self, leaves: Any, exc: BaseException | None) -> UnsupportedInputError:
-        for t, spec in zip(leaves, self._spec.inputs):
-            if not isinstance(t, torch.Tensor):
-                return UnsupportedInputError(f"{spec.locator}: expected a tensor, got {type(t).__name__}.")
-            if dtype_name(t.dtype) != spec.dtype:
-                return UnsupportedInputError(
-                    f"{spec.locator}: expected dtype {spec.dtype}, got {dtype_name(t.dtype)}; the ONNX model was built "
-                    f"for {spec.dtype} inputs. Cast the input, or tune with {dtype_name(t.dtype)} inputs."
-                )
-            if t.dim() != spec.rank or any(isinstance(s, int) and s != n for s, n in zip(spec.shape, t.shape)):
-                return UnsupportedInputError(
-                    f"{spec.locator}: shape {list(t.shape)} does not fit the tuned shape {list(spec.shape)} (only "
-                    "batch and dynamic axes may change size). Tune with inputs of this shape."
-                )
+        mismatch = leaf_mismatch(leaves, self._spec, "ONNX model")
+        if mismatch is not None:
+            return mismatch
         cause = str(exc).strip().splitlines()[0] if exc is not None and str(exc).strip() else "see the cause"
         return UnsupportedInputError(f"ONNX Runtime rejected the inputs of graph {self._spec.name!r}: {cause[:500]}")

@@ -12,12 +12,12 @@ import torch
 from torch_tweak.errors import (
     UnsupportedInputError,
 )
-from torch_tweak.torch.backend._export import CallLeaves
+from torch_tweak.torch.backend._export import CallLeaves, leaf_mismatch, short_path_serving
 from torch_tweak.torch.backend.openvino.converter import (
     import_openvino,
 )
 from torch_tweak.torch.module.spec import GraphSpec
-from torch_tweak.torch.module.tree import TENSOR, dtype_name, unflatten
+from torch_tweak.torch.module.tree import TENSOR, unflatten
 
 COPY_INPUT_MAX_BYTES = 128 * 1024
 
@@ -77,12 +77,7 @@ class Runner:
     def serving(self) -> Callable[..., Any]:
         """``self(args, kwargs)`` as a function of the call. A graph of one positional tensor and one output that
         needs no cast or move, run on one request, skips the general mapping; any other call takes the general path."""
-        general = self.__call__
-
-        def fallback(*args: Any, **kwargs: Any) -> Any:
-            return general(args, kwargs)
-
-        return self.checked_serving(None, None, fallback) or fallback
+        return short_path_serving(self.__call__, self.checked_serving)
 
     def checked_serving(self, array_ok: Callable[[Any], bool] | None, refused: Callable[..., Any] | None,
                         other: Callable[..., Any]) -> Callable[..., Any] | None:
@@ -193,19 +188,7 @@ class Runner:
         return feed
 
     def _input_error(self, leaves: Any) -> UnsupportedInputError:
-        for t, spec in zip(leaves, self._spec.inputs, strict=False):
-            if not isinstance(t, torch.Tensor):
-                return UnsupportedInputError(f"{spec.locator}: expected a tensor, got {type(t).__name__}.")
-            if dtype_name(t.dtype) != spec.dtype:
-                return UnsupportedInputError(
-                    f"{spec.locator}: expected dtype {spec.dtype}, got {dtype_name(t.dtype)}; the OpenVINO model was "
-                    f"built for {spec.dtype} inputs. Cast the input, or tune with {dtype_name(t.dtype)} inputs."
-                )
-            static = [(axis, size) for axis, size in enumerate(spec.shape) if isinstance(size, int)]
-            if t.dim() != len(spec.shape) or any(t.shape[axis] != size for axis, size in static):
-                return UnsupportedInputError(
-                    f"{spec.locator}: shape {list(t.shape)} does not fit the graph's shape {list(spec.shape)}: its "
-                    "static axes were the same in every recorded call, and the model was built for that size. Tune "
-                    "with inputs of this shape too (then the axis becomes dynamic)."
-                )
+        mismatch = leaf_mismatch(leaves, self._spec, "OpenVINO model")
+        if mismatch is not None:
+            return mismatch
         return UnsupportedInputError(f"OpenVINO rejected the inputs of graph {self._spec.name!r}; see the cause.")
