@@ -3,7 +3,8 @@
 Items are the units that can be rebuilt on their own: a candidate's build folder
 (``<cache>/<module>/<graph>/<backend key>/``, touched each time a candidate builds there, including when it
 reuses a converted model), a stored tuning result (``<cache>/results/<key>.json``, touched when it is
-reused) and a model OpenVINO compiled for ``tt.load`` (``<cache>/openvino_model_cache/<hash>.blob``, as old as
+reused), a module's recorded output shapes (``<cache>/recordings/<key>.json``, touched when a run reads it)
+and a model OpenVINO compiled for ``tt.load`` (``<cache>/openvino_model_cache/<hash>.blob``, as old as
 its first load: OpenVINO does not say which blob a later load reused). Only items inside top-level entries that
 the cache marker lists as torch_tweak's are counted or deleted (see :mod:`torch_tweak.torch.cache`); items used
 by the running tuning or load stay.
@@ -24,7 +25,8 @@ from torch_tweak.torch.config import config
 logger = logging.getLogger(__name__)
 
 OPENVINO_BLOBS = "openvino_model_cache"  # where OpenVINO keeps the models it compiled for tt.load
-_FILE_ITEMS = {"results": ".json", OPENVINO_BLOBS: ".blob"}  # entries whose items are files: their suffix
+RECORDED_SHAPES = "recordings"  # output shapes a tuning run recorded, per module (module/known_shapes.py)
+_FILE_ITEMS = {"results": ".json", RECORDED_SHAPES: ".json", OPENVINO_BLOBS: ".blob"}  # entries of files: suffix
 
 
 def _size(path: Path) -> int:

@@ -91,6 +91,10 @@ class TorchTweakConfig:
             length in every recorded call (token ids of sentences of one length) gets one more eager call at half
             that length, so that the axis is tuned dynamic and the tuned module serves any length eager serves
             (:mod:`torch_tweak.torch.module.lengths`). False keeps such axes at their recorded length.
+        lazy_recording: when ``tt.tune`` runs a ``tt.Module`` directly (its outputs go nowhere), a call whose output
+            shapes an earlier run of the same module, weights and code recorded is kept without running it; its eager
+            outputs are computed only if a check reads them (:mod:`torch_tweak.torch.module.known_shapes`). Tuning
+            the same model again then records in a fraction of its eager time. False runs every call.
         llm_phase_detection: calls of a language model (a ``cache_position`` argument or a KV cache
             passed as ``past_key_values``/``cache``) are split into a prefill and a decode graph.
         console_output: a backend build's output goes to the console as well as to its ``build.log``
@@ -118,6 +122,7 @@ class TorchTweakConfig:
     progress: bool | None = field(default_factory=lambda: _env_bool("TORCH_TWEAK_PROGRESS", None))
     probe_sequence_lengths: bool = True
     llm_phase_detection: bool = True
+    lazy_recording: bool = True
     cache_size_limit_gb: float | None = 20.0
     console_output: bool = field(default_factory=lambda: bool(_env_bool("TORCH_TWEAK_CONSOLE_OUTPUT", False)))
     system_monitor: bool = field(default_factory=lambda: bool(_env_bool("TORCH_TWEAK_SYSTEM_MONITOR", False)))
@@ -144,7 +149,7 @@ def _validate(name: str, value: Any) -> Any:
             raise ConfigError(f"tt.config.cache_dir must be a path, got {type(value).__name__}.")
         return Path(value).expanduser()
     if name in ("strict_mode", "llm_phase_detection", "console_output", "system_monitor", "inspect_debug",
-                "enable_hf_integrations", "probe_sequence_lengths"):
+                "enable_hf_integrations", "probe_sequence_lengths", "lazy_recording"):
         return check_bool(value, f"tt.config.{name}")
     if name == "progress":
         return check_bool(value, "tt.config.progress (None: automatic)", allow_none=True)

@@ -16,11 +16,12 @@ from torch_tweak.torch import progress
 from torch_tweak.torch._device import get_device
 from torch_tweak.torch.cache import cache_folder, cache_root
 from torch_tweak.torch.cache import clear_cache as _clear_cache
-from torch_tweak.torch.cache_limit import enforce_size_limit
+from torch_tweak.torch.cache_limit import RECORDED_SHAPES, enforce_size_limit, touch
 from torch_tweak.torch.config import config
 from torch_tweak.torch.dataset import dataset_items, iter_batches
 from torch_tweak.torch.executor import Executor, resolve_executor
 from torch_tweak.torch.executor.base import WORKER_ENV
+from torch_tweak.torch.module.known_shapes import KnownShapes
 from torch_tweak.torch.module.sample_store import SampleStore
 from torch_tweak.torch.module.session import RecordingSession, recording
 from torch_tweak.torch.module.state import TunedGraph, internals
@@ -113,6 +114,10 @@ def tune(
     session = RecordingSession()
     stores = None if dry_run else CallStores(config.max_num_calibration_samples)
     session.stores = None if stores is None else stores.create
+    if isinstance(func, Module) and config.lazy_recording and not dry_run and func.state is not ModuleState.TUNED:
+        session.top, session.known = func, KnownShapes.open(cache_folder(RECORDED_SHAPES), func.wrapped)
+        if session.known.path is not None:
+            touch(session.known.path)  # used now: the cache size limit deletes least recently used files first
     try:
         with external_logging_disabled(check_bool(disable_external_logging, "disable_external_logging")):
             report = _record_and_tune(func, items, sizes, max_num_batches_per_batch_size, target, dry_run,
@@ -156,6 +161,8 @@ def _record_and_tune(func: Callable[..., Any], items: Any, sizes: list[int], max
     if config.probe_sequence_lengths:  # every module before any is tuned (and may release its weights)
         for module in modules:
             internals(module).probe_sequence_lengths()
+    if session.known is not None:
+        internals(session.top).remember_shapes()
     report = TuningReport(device=str(target), batch_sizes=sizes, dry_run=dry_run)
     if budget is not None:
         budget.graphs_left = sum(internals(m).graph_count() for m in modules)

@@ -2,7 +2,8 @@
 
 A graph may also keep more of its calls on disk (a :class:`~torch_tweak.torch.module.sample_store.SampleStore`,
 given by ``stores`` when its strategy calibrates or judges on held-out calls); those are the calls that are not
-among the in-memory samples.
+among the in-memory samples. A call whose output shapes an earlier run recorded may be kept without running it
+(:mod:`~torch_tweak.torch.module.known_shapes`); its eager outputs are computed when first read (:meth:`RecordedSample.fill`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 import torch
 
 from torch_tweak.errors import UnsupportedInputError
-from torch_tweak.torch.module.sample_store import SampleStore
+from torch_tweak.torch.module.known_shapes import KnownShapes, ShapeMap, Shapes
+from torch_tweak.torch.module.sample_store import SampleStore, eager_reference
 from torch_tweak.torch.module.spec import GraphSpec, Observation, dtypes_of, infer_tensor_specs, observe_shapes
 from torch_tweak.torch.module.tree import (
     Sample,
@@ -32,17 +34,25 @@ from torch_tweak.torch.module.tree import (
 
 @dataclass
 class RecordedSample:
-    """One stored call of a graph: its inputs (copied before the forward ran) and the eager outputs."""
+    """One stored call of a graph: its inputs (copied before the forward ran) and the eager outputs (None while
+    ``pending``: recording did not run the call; :meth:`fill` computes them)."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     outputs: Any
     batch_size: int | None
+    pending: bool = False
 
     @property
     def sample(self) -> Sample:
         """``(args, kwargs)`` as backends take them."""
         return self.args, self.kwargs
+
+    def fill(self, forward: Callable[..., Any]) -> None:
+        """Compute the eager outputs of a pending call with ``forward`` (the module's own), on a copy of the inputs."""
+        if self.pending:
+            self.outputs = eager_reference(forward, self.args, self.kwargs)
+            self.pending = False
 
 
 class GraphRecorder:
@@ -65,6 +75,7 @@ class GraphRecorder:
         self._input_obs: dict[Observation, None] = {}
         self._output_obs: dict[Observation, None] = {}
         self._sample_shapes: list[tuple[Any, ...]] = []  # input shapes of each sample, in order
+        self.shape_map: ShapeMap = {}  # input shapes -> output shapes (None: they differed), see known_shapes.py
         self.lengths_probed = False  # see module/lengths.py
 
     def wants_sample(self, input_shapes: tuple[Any, ...], batch_size: int | None = None) -> bool:
@@ -103,22 +114,29 @@ class GraphRecorder:
                 f"Graph {self.name}: the module returned a different output structure for inputs of the same "
                 "signature; torch_tweak needs a module whose output structure depends only on its input signature."
             )
+        self.observe_known(batch_size, observe_shapes(input_leaves), observe_shapes(output_leaves))
+
+    def observe_known(self, batch_size: int | None, input_shapes: Shapes, output_shapes: Shapes) -> None:
+        """Record the shapes of one call (:meth:`observe` of a call run; for one not run, the shapes known for it)."""
         self.num_calls += 1
-        self._input_obs[(batch_size, observe_shapes(input_leaves))] = None
-        self._output_obs[(batch_size, observe_shapes(output_leaves))] = None
+        self._input_obs[(batch_size, input_shapes)] = None
+        self._output_obs[(batch_size, output_shapes)] = None
+        seen = self.shape_map.setdefault(input_shapes, output_shapes)
+        if seen is not None and seen != output_shapes:
+            self.shape_map[input_shapes] = None
 
     def add_sample(self, args: tuple[Any, ...], kwargs: dict[str, Any], outputs: Any, batch_size: int | None,
-                   input_shapes: tuple[Any, ...], beyond_cap: bool = False) -> None:
+                   input_shapes: tuple[Any, ...], beyond_cap: bool = False, pending: bool = False) -> None:
         """Store a copied call with a detached copy of its eager outputs (``beyond_cap``: even when the graph holds
-        ``max_samples`` already)."""
-        reference = map_tensors(outputs, lambda t: t.detach().clone())
+        ``max_samples`` already; ``pending``: the call was not run, ``outputs`` is None)."""
+        reference = None if pending else map_tensors(outputs, lambda t: t.detach().clone())
         if len(self.samples) >= self.max_samples and not beyond_cap:
             index = self._replaceable(batch_size)
             if index is None:
                 return
             del self.samples[index]
             del self._sample_shapes[index]
-        self.samples.append(RecordedSample(args, kwargs, reference, batch_size))
+        self.samples.append(RecordedSample(args, kwargs, reference, batch_size, pending))
         self._sample_shapes.append(input_shapes)
 
     def input_shapes(self) -> list[tuple[tuple[int, ...], ...]]:
@@ -181,11 +199,13 @@ StoreFactory = Callable[[int, str], SampleStore | None]
 class Recorder:
     """All graphs of one module, in the order they were first seen."""
 
-    def __init__(self, strict: bool, max_samples: int, phases: bool = True, stores: StoreFactory | None = None) -> None:
+    def __init__(self, strict: bool, max_samples: int, phases: bool = True, stores: StoreFactory | None = None,
+                 known: KnownShapes | None = None) -> None:
         self.strict = strict
         self.max_samples = max_samples
         self.phases = phases
         self.stores = stores
+        self.known = known
         self.graphs: dict[tuple[Any, ...], GraphRecorder] = {}
 
     def record_call(
@@ -194,8 +214,11 @@ class Recorder:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         batch_size: int | None,
+        lazy: bool = False,
     ) -> Any:
-        """Run ``forward`` once, recording the call; returns the real outputs."""
+        """Run ``forward`` once, recording the call; returns the real outputs. ``lazy`` (nobody uses the outputs):
+        a call whose output shapes :attr:`known` has is kept without running it, once its graph ran one call;
+        returns None then."""
         key = graph_key(args, kwargs, self.strict, self.phases)
         graph = self.graphs.get(key)
         if graph is None:
@@ -206,6 +229,7 @@ class Recorder:
             self.graphs[key] = graph
         input_leaves, input_structure = flatten_sample(args, kwargs)
         input_shapes = observe_shapes(input_leaves)
+        known = self.known.output_shapes(key, input_shapes) if lazy and self.known and graph.num_calls else None
         stored: Sample | None = None
         spilled: list[torch.Tensor] | None = None
         if graph.wants_sample(input_shapes, batch_size):
@@ -218,8 +242,19 @@ class Recorder:
                 ) from exc
         elif graph.store is not None and graph.store.wants_call():
             spilled = graph.store.capture(input_leaves)
+            known = known if graph.store.takes_pending() else None  # its first call shows the output structure
+        if known is not None:
+            graph.observe_known(batch_size, input_shapes, known)
+            if stored is not None:
+                graph.add_sample(stored[0], stored[1], None, batch_size, input_shapes, pending=True)
+            elif spilled is not None and graph.store is not None:
+                graph.store.add(spilled, [str(t.device) for t in input_leaves], input_structure, None, batch_size,
+                                pending=True)
+            return None
         outputs = forward(*args, **kwargs)
         graph.observe(batch_size, input_leaves, input_structure, outputs)
+        if self.known is not None:
+            self.known.confirm(key, input_shapes, graph.shape_map[input_shapes])
         if stored is not None:
             graph.add_sample(stored[0], stored[1], outputs, batch_size, input_shapes)
         elif spilled is not None and graph.store is not None:

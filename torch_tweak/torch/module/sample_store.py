@@ -18,13 +18,17 @@ whose inputs or outputs cannot be rebuilt (opaque objects such as a KV cache) is
 Split (:func:`is_held_out`): every fourth call, starting with the second, is held out; the rest calibrate.
 It is decided when a call is recorded, so held-out calls keep the eager outputs computed anyway, and it
 is deterministic: the same recording gives the same sets, and a graph with two or more stored calls has at
-least one held out and one calibrating.
+least one held out and one calibrating. A held-out call that recording did not run (its output shapes were known,
+:mod:`~torch_tweak.torch.module.known_shapes`) is written without outputs; the first :meth:`SampleStore.held_out`
+that reads it computes them with the module and writes them into its file.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -36,7 +40,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from torch_tweak.torch.module.tree import Sample, Spec, flatten, unflatten, unflatten_sample
+from torch_tweak.torch.module.tree import Sample, Spec, flatten, map_tensors, unflatten, unflatten_sample
 from torch_tweak.utils.leftovers import owner_tag, remove_leftovers
 
 logger = logging.getLogger(__name__)
@@ -101,14 +105,19 @@ class SampleStore:
         """CPU copies of a call's input tensors, taken before the forward runs (it may change them in place)."""
         return [_cpu_copy(leaf) for leaf in leaves]
 
+    def takes_pending(self) -> bool:
+        """True when a call without outputs can be stored: a call with outputs was, so their structure is known."""
+        return self._outputs is not None
+
     def add(self, inputs: list[torch.Tensor], devices: list[str], input_structure: Spec, outputs: Any,
-            batch_size: int | None) -> None:
+            batch_size: int | None, pending: bool = False) -> None:
         """Store one call: ``inputs`` from :meth:`capture`, the devices they came from, their structure (from
-        :func:`flatten_sample`) and, for a held-out call, the eager ``outputs``."""
-        if not self.wants_call():
+        :func:`flatten_sample`) and, for a held-out call, the eager ``outputs``. ``pending``: the call was not run
+        (``outputs`` is ignored; only once :meth:`takes_pending`), a held-out one gets its outputs when first read."""
+        if not self.wants_call() or (pending and not self.takes_pending()):
             return
-        held_out = is_held_out(self.count)
-        output_leaves, output_structure = flatten(outputs)
+        held_out = is_held_out(self.count) and not pending
+        output_leaves, output_structure = ([], None) if pending else flatten(outputs)
         if self._inputs is None:
             if not self._rebuildable(inputs, input_structure, output_leaves, output_structure):
                 return
@@ -165,13 +174,16 @@ class SampleStore:
         with safe_open(str(self._path(index)), framework="pt") as handle:
             return json.loads((handle.metadata() or {})["batch_size"])
 
-    def held_out(self) -> StoredCalls[tuple[Sample, Any, int | None]]:
-        """The held-out calls as ``(inputs, eager outputs, batch size)``, loaded one at a time."""
-        return StoredCalls([i for i in range(self.count) if is_held_out(i)], self.load)
+    def held_out(self, forward: Callable[..., Any] | None = None) -> StoredCalls[tuple[Sample, Any, int | None]]:
+        """The held-out calls as ``(inputs, eager outputs, batch size)``, loaded one at a time; ``forward`` (the
+        module's own) computes the outputs of a call recording did not run, which are then written to its file
+        (without it such a call's outputs are None)."""
+        return StoredCalls([i for i in range(self.count) if is_held_out(i)],
+                           lambda index: self.load(index, forward))
 
-    def load(self, index: int) -> tuple[Sample, Any, int | None]:
+    def load(self, index: int, forward: Callable[..., Any] | None = None) -> tuple[Sample, Any, int | None]:
         """Call ``index``: ``(args, kwargs)`` on the devices it was recorded on, its eager outputs (None for a
-        calibrating call) and its batch size."""
+        calibrating call) and its batch size; ``forward``: see :meth:`held_out`."""
         if self._inputs is None or not 0 <= index < self.count:
             raise IndexError(f"{self.folder} holds {self.count} call(s); there is no call {index}.")
         with safe_open(str(self._path(index)), framework="pt") as handle:
@@ -182,7 +194,24 @@ class SampleStore:
         outputs = None
         if "output_devices" in meta and self._outputs is not None:
             outputs = unflatten(self._outputs, _placed(tensors, "output", json.loads(meta["output_devices"])))
+        elif forward is not None and is_held_out(index):
+            outputs = eager_reference(forward, *sample)
+            self._write_outputs(index, tensors, meta, outputs)
         return sample, outputs, json.loads(meta["batch_size"])
+
+    def _write_outputs(self, index: int, tensors: dict[str, torch.Tensor], meta: dict[str, str], outputs: Any) -> None:
+        """Put the eager outputs computed for call ``index`` into its file (atomically: a worker may read it)."""
+        leaves = flatten(outputs)[0]
+        tensors = {**tensors, **{f"output.{j}": _cpu_copy(t) for j, t in enumerate(leaves)}}
+        meta = {**meta, "output_devices": json.dumps([str(t.device) for t in leaves])}
+        path = self._path(index)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            save_file(tensors, str(partial), metadata=meta)
+            os.replace(partial, path)
+        except Exception as exc:  # noqa: BLE001 - computed again at the next read
+            partial.unlink(missing_ok=True)
+            logger.debug("%s: the outputs of call %d could not be written (%s)", self.folder, index, exc)
 
     def remove(self) -> None:
         """Delete the folder and everything in it (only files this store wrote are there)."""
@@ -191,6 +220,14 @@ class SampleStore:
 
     def _path(self, index: int) -> Path:
         return self.folder / f"call-{index:06d}.safetensors"
+
+
+def eager_reference(forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``forward``'s outputs for a copy of ``args``/``kwargs`` (it may change its inputs in place), detached."""
+    copied_args, copied_kwargs = copy.deepcopy((args, kwargs))
+    with torch.no_grad():
+        outputs = forward(*copied_args, **copied_kwargs)
+    return map_tensors(outputs, lambda t: t.detach())
 
 
 def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:

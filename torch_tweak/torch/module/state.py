@@ -24,6 +24,7 @@ from torch import nn
 from torch_tweak.errors import TuningError
 from torch_tweak.torch.module import released
 from torch_tweak.torch.module.forward import is_intercepted
+from torch_tweak.torch.module.known_shapes import KnownShapes
 from torch_tweak.torch.module.lengths import record_shorter_call
 from torch_tweak.torch.module.recording import GraphRecorder, Recorder, StoreFactory
 from torch_tweak.torch.module.serving import changes, serving_function
@@ -94,16 +95,24 @@ class ModuleInternals:
             for graph in self.recorder.graphs.values():
                 record_shorter_call(graph, self.original, self.name)
 
+    def remember_shapes(self) -> None:
+        """Keep what this session's recording saw of each graph's output shapes for a later run, if it may skip calls
+        (:mod:`~torch_tweak.torch.module.known_shapes`)."""
+        recorder = self.recorder
+        if self.status is ModuleState.RECORDING and recorder is not None and recorder.known is not None:
+            recorder.known.save({key: graph.shape_map for key, graph in recorder.graphs.items()})
+
     def graph_count(self) -> int:
         """How many graphs the current tuning session recorded (0 if none)."""
         recorder = self.recorder
         return len(recorder.graphs) if self.status is ModuleState.RECORDING and recorder is not None else 0
 
     def start_recording(self, session_id: int, strict: bool, max_samples: int, phases: bool,
-                        stores: StoreFactory | None = None) -> Recorder:
+                        stores: StoreFactory | None = None, known: KnownShapes | None = None) -> Recorder:
         """A new recorder for the tuning session ``session_id`` (RECORDING); ``stores`` gives a graph the on-disk
-        store of its extra calls (see :mod:`~torch_tweak.torch.module.sample_store`)."""
-        self.recorder = Recorder(strict, max_samples, phases, stores)
+        store of its extra calls (see :mod:`~torch_tweak.torch.module.sample_store`), ``known`` the output shapes
+        an earlier run recorded (:mod:`~torch_tweak.torch.module.known_shapes`)."""
+        self.recorder = Recorder(strict, max_samples, phases, stores, known)
         self.session_id = session_id
         self.status = ModuleState.RECORDING
         return self.recorder

@@ -226,9 +226,11 @@ class Module(ReferenceMembers):
         if state.session_id != session.id or recorder is None:
             recorder = state.start_recording(session.id, _config.strict_mode, _config.max_num_samples_stored,
                                              _config.llm_phase_detection and _config.enable_hf_integrations,
-                                             session.stores_for(self))
+                                             session.stores_for(self), session.known_for(self))
         session.note(self)
-        return recorder.record_call(state.original, args, kwargs, session.batch_size)
+        # a call may go unrun only when nothing but tt.tune sees its outputs (no forward hook of the module or global)
+        lazy = session.lazy_for(self) and _forward.calls_straight_through(state.module, state.interceptor)
+        return recorder.record_call(state.original, args, kwargs, session.batch_size, lazy)
 
     def _tt_unservable(self, backend: Any, exc: UnsupportedInputError, args: tuple[Any, ...],
                        kwargs: dict[str, Any]) -> Any:

@@ -121,14 +121,16 @@ class GraphTask:
         """``(inputs, eager outputs, held out)`` of every call the fidelity check judges: the in-memory samples
         (copied), then (unless ``held_out`` is False) the held-out calls of :attr:`store` (loaded one at a time,
         so their outputs are never all in memory). Every candidate is judged on the same calls.
-        ``smallest_only``: the in-memory sample of the smallest batch alone (a rebuild's confirming call)."""
+        ``smallest_only``: the in-memory sample of the smallest batch alone (a rebuild's confirming call).
+        Calls that recording did not run (``module/known_shapes.py``) get their eager outputs here, once."""
         samples = self.samples
         if smallest_only and samples:
             samples = [min(samples, key=lambda s: s.batch_size or 0)]
         for sample in samples:
+            sample.fill(self.module)
             yield copy.deepcopy(sample.sample), sample.outputs, False
         if held_out and self.store is not None:
-            for inputs, outputs, _ in self.store.held_out():
+            for inputs, outputs, _ in self.store.held_out(self.module):
                 yield inputs, outputs, True
 
 

@@ -25,8 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from dataclasses import asdict, fields, replace
 from typing import Any
 
@@ -42,6 +40,7 @@ from torch_tweak.torch.report.report import CandidateReport, GraphReport
 from torch_tweak.torch.report.status import CandidateStatus
 from torch_tweak.torch.tune_strategy.base import CandidateFailedError, GraphTask, describe_task, release_scratch
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan
+from torch_tweak.utils.json_file import write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -131,10 +130,7 @@ class ResultCache:
 
     def _write(self, key: str, doc: Any) -> None:
         """Write ``doc`` as ``<key>.json``, atomically (a reader never sees half a file)."""
-        handle, temporary = tempfile.mkstemp(dir=self.folder, prefix=".result-", suffix=".tmp")
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            json.dump(doc, out, default=str)
-        os.replace(temporary, self.folder / f"{key}.json")
+        write_json_atomic(self.folder / f"{key}.json", doc)
 
 
 def _digest(doc: dict[str, Any]) -> str:
