@@ -82,7 +82,7 @@ def test_an_empty_existing_folder_is_adopted_without_chmod_and_keeps_the_users_f
     report = tune_mlp()
     assert report.modules[0].status == "tuned"
     assert mode(shared) == shared_mode
-    assert marker_of(shared) == {"torch_tweak_cache": 1, "created_root": False, "entries": ["mlp", "reports"]}
+    assert marker_of(shared) == {"torch_tweak_cache": 1, "created_root": False, "entries": ["mlp", "recordings", "reports"]}
     assert mode(shared / CACHE_MARKER) == 0o600 and mode(shared / "mlp") == 0o700 and mode(shared / "reports") == 0o700
 
     (shared / "notes.txt").write_text("mine")
@@ -107,10 +107,11 @@ def test_a_folder_the_cache_creates_is_owner_only_and_clear_removes_it(tmp_path)
     assert mode(tmp_path) == 0o755
     assert mode(tmp_path / "a") == mode(tmp_path / "a" / "b") == mode(cache) == 0o700
     assert mode(cache / "mlp") == mode(cache / "mlp" / "0") == 0o700
-    assert marker_of(cache) == {"torch_tweak_cache": 1, "created_root": True, "entries": ["mlp", "reports"]}
-    assert read_marker(cache).entries == {"mlp", "reports"}
+    entries = ["mlp", "recordings", "reports"]
+    assert marker_of(cache) == {"torch_tweak_cache": 1, "created_root": True, "entries": entries}
+    assert read_marker(cache).entries == set(entries)
     tune_mlp("mlp2", clear_cache=True)  # clears what was there, then tunes into a fresh folder
-    assert marker_of(cache)["entries"] == ["mlp2", "reports"] and not (cache / "mlp").exists()
+    assert marker_of(cache)["entries"] == ["mlp2", "recordings", "reports"] and not (cache / "mlp").exists()
     clear_cache()
     assert not cache.exists() and (tmp_path / "a" / "b").is_dir()
     clear_cache()  # nothing left to clear is not an error
@@ -244,7 +245,7 @@ def test_a_marker_from_an_older_version_is_upgraded_and_its_old_files_kept(tmp_p
         clear_cache()
     tune_mlp()
     assert "older torch_tweak" in caplog.text
-    assert marker_of(cache) == {"torch_tweak_cache": 1, "created_root": False, "entries": ["mlp", "reports"]}
+    assert marker_of(cache) == {"torch_tweak_cache": 1, "created_root": False, "entries": ["mlp", "recordings", "reports"]}
     clear_cache()
     assert sorted(p.name for p in cache.iterdir()) == ["old_module"]
 

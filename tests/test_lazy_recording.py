@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import torch_tweak.torch as tt
+from torch_tweak.torch.cache_limit import cache_items
 from torch_tweak.torch.module.known_shapes import KnownShapes, module_key
 from torch_tweak.torch.module.recording import Recorder
 from torch_tweak.torch.module.sample_store import SampleStore
@@ -241,3 +242,9 @@ def test_a_module_with_a_forward_hook_runs_every_call() -> None:
     hooked.register_forward_hook(lambda module, args, output: seen.append(output.shape))
     tune(hooked, clock)
     assert hooked.calls >= len(DATA) + 2 and len(seen) >= len(DATA) + 2
+
+
+def test_the_shapes_file_is_an_item_the_cache_size_limit_counts() -> None:
+    tune(Counting(), FakeClock())
+    items = [path for _, _, path in cache_items(tt.config.cache_dir)]
+    assert [p.suffix for p in items if p.parent.name == "recordings"] == [".json"]
