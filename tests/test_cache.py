@@ -82,7 +82,8 @@ def test_an_empty_existing_folder_is_adopted_without_chmod_and_keeps_the_users_f
     report = tune_mlp()
     assert report.modules[0].status == "tuned"
     assert mode(shared) == shared_mode
-    assert marker_of(shared) == {"torch_tweak_cache": 1, "created_root": False, "entries": ["mlp", "recordings", "reports"]}
+    assert marker_of(shared) == {"torch_tweak_cache": 1, "created_root": False,
+                                 "entries": ["mlp", "recordings", "reports"]}
     assert mode(shared / CACHE_MARKER) == 0o600 and mode(shared / "mlp") == 0o700 and mode(shared / "reports") == 0o700
 
     (shared / "notes.txt").write_text("mine")
@@ -245,7 +246,8 @@ def test_a_marker_from_an_older_version_is_upgraded_and_its_old_files_kept(tmp_p
         clear_cache()
     tune_mlp()
     assert "older torch_tweak" in caplog.text
-    assert marker_of(cache) == {"torch_tweak_cache": 1, "created_root": False, "entries": ["mlp", "recordings", "reports"]}
+    assert marker_of(cache) == {"torch_tweak_cache": 1, "created_root": False,
+                                 "entries": ["mlp", "recordings", "reports"]}
     clear_cache()
     assert sorted(p.name for p in cache.iterdir()) == ["old_module"]
 

@@ -3,7 +3,8 @@
 A graph may also keep more of its calls on disk (a :class:`~torch_tweak.torch.module.sample_store.SampleStore`,
 given by ``stores`` when its strategy calibrates or judges on held-out calls); those are the calls that are not
 among the in-memory samples. A call whose output shapes an earlier run recorded may be kept without running it
-(:mod:`~torch_tweak.torch.module.known_shapes`); its eager outputs are computed when first read (:meth:`RecordedSample.fill`).
+(:mod:`~torch_tweak.torch.module.known_shapes`); its eager outputs are computed when first read
+(:meth:`RecordedSample.fill`).
 """
 
 from __future__ import annotations
