@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from toy_models import KwargsModel, Pair
 
 import torch_tweak.torch as tt
 from torch_tweak.torch.cache_limit import cache_items
 from torch_tweak.torch.module.known_shapes import KnownShapes, module_key
 from torch_tweak.torch.module.recording import Recorder
 from torch_tweak.torch.module.sample_store import SampleStore
+from torch_tweak.torch.module.tree import map_tensors
 from torch_tweak.torch.profiling import ProfilingConfig
 from torch_tweak.torch.report.report import CandidateStatus
 from torch_tweak.torch.testing import FakeClock, TimedBackend
@@ -58,7 +60,7 @@ class Int8(TimedBackend):
 
 class WrongInt8(Int8):
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
-        return super()._infer(*args, **kwargs) + 1.0
+        return map_tensors(super()._infer(*args, **kwargs), lambda t: t + 1.0)
 
 
 DATA = [torch.randn(8) for _ in range(24)]
@@ -70,9 +72,9 @@ def strategy(clock: FakeClock, *extra: TimedBackend) -> tt.HighestThroughputStra
                                         baseline=TimedBackend(clock, ms_per_call=1.0))
 
 
-def tune(model: nn.Module, clock: FakeClock, *extra: TimedBackend, **kwargs: Any) -> tuple[tt.Module, Any]:
+def tune(model: nn.Module, clock: FakeClock, *extra: TimedBackend, data: Any = DATA, **kwargs: Any) -> tuple[tt.Module, Any]:
     wrapped = tt.Module(model, strategy=strategy(clock, *extra))
-    report = tt.tune(wrapped, DATA, batch_sizes=[1, 2, 4], ignore_failing_modules=False, **kwargs)
+    report = tt.tune(wrapped, data, batch_sizes=[1, 2, 4], ignore_failing_modules=False, **kwargs)
     return wrapped, report.modules[0].graphs[0]
 
 
@@ -103,6 +105,24 @@ def test_a_new_candidate_is_judged_on_eager_outputs_of_calls_recording_skipped()
     assert new.fidelity["held_out_samples"] >= 4 and new.fidelity["max_abs_error"] == 0.0
     wrong = rows[WrongInt8(clock, ms_per_call=0.3).describe()]
     assert wrong.status == CandidateStatus.REJECTED and "FidelityError" in wrong.error
+
+
+def test_keyword_inputs_and_structured_outputs_are_judged_after_a_skipped_recording() -> None:
+    clock = FakeClock()
+    items = [{"x": torch.randn(6), "mask": (torch.rand(6) > 0.2).float()} for _ in range(16)]
+    _, graph = tune(KwargsModel(), clock, data=items)
+    model = KwargsModel()
+    wrapped, again = tune(model, clock, Int8(clock, ms_per_call=0.4, label="new"), WrongInt8(clock, ms_per_call=0.3),
+                          data=items)
+    rows = {row.backend: row for row in again.candidates}
+    new = rows[Int8(clock, ms_per_call=0.4, label="new").describe()]
+    assert new.status in (CandidateStatus.PASSED, CandidateStatus.CHOSEN) and new.fidelity["held_out_samples"] >= 2
+    assert rows[WrongInt8(clock, ms_per_call=0.3).describe()].status == CandidateStatus.REJECTED
+    assert again.spec == graph.spec
+    x, mask = torch.randn(3, 6), torch.ones(3, 6)
+    out, reference = wrapped(x=x, mask=mask), KwargsModel()(x, mask=mask)
+    assert isinstance(out, Pair)
+    torch.testing.assert_close(tuple(out), tuple(reference))
 
 
 def test_every_call_runs_when_turned_off_or_when_func_is_not_the_module() -> None:
