@@ -16,7 +16,8 @@ run that reuses every result does for the smallest sample alone.
 The key covers the module's weights (:func:`~torch_tweak.torch.module.digest.weights_digest`), the source files of
 every class in it and the torch and torch_tweak versions: a change to any of them reads another file (no file: every
 call runs). A graph that gave two output shapes for the same input shapes (shapes that depend on values) is not
-written; a real call that disagrees with the file turns the file off for the rest of the run.
+written; a real call that disagrees with the file turns it off for the rest of the run and deletes it (the next run
+records every call).
 ``tt.config.lazy_recording = False`` runs every call.
 """
 
@@ -82,12 +83,18 @@ class KnownShapes:
         known = self.output_shapes(graph_key, input_shapes)
         if known is not None and known != output_shapes:
             self.off = f"a call gave output shapes {output_shapes}, the earlier run {known}"
-            logger.info("Recorded output shapes in %s no longer hold (%s); every further call is run.", self.path,
-                        self.off)
+            logger.warning("Recorded output shapes in %s no longer hold (%s): every further call is run, and the "
+                           "file is deleted so that the next run records every call. Calls recorded before this one "
+                           "from the file may show wrong output sizes in this run's graph spec; set "
+                           "tt.config.lazy_recording = False for a module whose output shapes depend on its values.",
+                           self.path, self.off)
+            if self.path is not None:
+                self.path.unlink(missing_ok=True)
 
     def save(self, graphs: dict[tuple[Any, ...], ShapeMap]) -> None:
-        """Write the shape maps of this run's graphs (those whose shapes depend on values are left out)."""
-        if self.path is None:
+        """Write the shape maps of this run's graphs (those whose shapes depend on values are left out); nothing once
+        a real call contradicted the file."""
+        if self.path is None or self.off is not None:
             return
         doc: dict[str, Any] = {"format": FORMAT, "graphs": {}}
         for key, shape_map in graphs.items():
