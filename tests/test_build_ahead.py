@@ -239,6 +239,53 @@ def test_nothing_is_built_ahead_when_the_other_candidates_results_are_reused(tmp
     assert all(build["nice"] == OWN for build in again[len(first):])  # no background worker: nothing to overlap
 
 
+class ConvertingBackend(TorchEagerBackend):
+    """Eager that counts as a converting runtime, with a one-thread twin (``threads=1``); its calls take 2 ms, so
+    the twin is skipped on what the every-core one measured."""
+
+    rebuilds_from_files = True
+
+    def __init__(self, threads: int = 0) -> None:
+        super().__init__()
+        self.threads = threads
+
+    def describe(self) -> str:
+        return f"ConvertingBackend({self.threads})"
+
+    def key(self) -> str:
+        return f"{super().key()}-threads{self.threads}"
+
+    def every_core_twin(self):
+        return ConvertingBackend() if self.threads == 1 else None
+
+    def _infer(self, *args, **kwargs):
+        time.sleep(0.002)
+        return super()._infer(*args, **kwargs)
+
+
+class CompilingBackend(BuildsLoggedBackend):
+    """Builds by compiling (nothing to convert again from files), like Inductor."""
+
+    rebuilds_from_files = False
+
+
+def test_a_rerun_starts_no_background_worker_for_a_twin_its_stored_results_skip(tmp_path):
+    def tune(*extra):
+        strategy = tt.HighestThroughputStrategy([ConvertingBackend(), ConvertingBackend(1), *extra], profiling=FAST,
+                                                eager_margin=0.0, screening=False, batch_routing=False)
+        report = tt.tune(tt.Module(mlp(), strategy=strategy), DATA, batch_sizes=[1, 2], executor="process")
+        return {row.backend: row for row in report.modules[0].graphs[0].candidates}
+
+    first = tune()
+    assert first["ConvertingBackend(1)"].status == "skipped" and not first["ConvertingBackend(1)"].reused
+    log = tmp_path / "new.jsonl"
+    again = tune(CompilingBackend(str(log), name="new"))  # a new candidate that compiles: no conversion to overlap
+    assert again["ConvertingBackend(0)"].reused and again["ConvertingBackend(1)"].status == "skipped"
+    assert not again["BuildsLoggedBackend(new)"].reused
+    nices = [build["nice"] for build in _builds(log)]
+    assert nices and all(nice == OWN for nice in nices)  # in its turn (and again to serve), never in the background
+
+
 def test_build_ahead_false_builds_each_candidate_in_its_turn_only(tmp_path):
     builds, _ = _tune(tmp_path, ProcessExecutor(build_ahead=False), "no_ahead")
     builds = [b for b in builds if "nice" in b]

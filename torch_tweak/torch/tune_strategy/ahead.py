@@ -14,9 +14,10 @@ stays until the graph's head-to-head, which then runs in the background worker o
 worker would compile it again (an Inductor BERT-base: 22.8 s).
 
 Not built ahead: candidates whose results the result cache already has (and none at all when the results of
-every converting candidate, OpenVINO, ONNX Runtime and eager, are reused: there is nothing to overlap), and
-those a stand-in rule skips whatever the others measure (TorchAO on a graph whose ``nn.Linear`` layers do almost nothing; the background
-worker decides that, as it runs the module). In a candidate's turn the strategy waits for its background build
+every converting candidate, OpenVINO, ONNX Runtime and eager, are reused, or stored results of their every-core
+twins skip them: there is nothing to overlap; a BERT-base rerun started and stopped a background worker for builds
+the stand-in rules then skipped), and those a stand-in rule skips whatever the others measure (TorchAO on a graph
+whose ``nn.Linear`` layers do almost nothing; the background worker decides that, as it runs the module). In a candidate's turn the strategy waits for its background build
 if that has started, drops it if it has not (the candidate is then built in its turn from scratch), and drops
 it when a stand-in rule skips the candidate. What a background build does not finish (a failure, a crash, its
 time limit) costs only its head start: the build in turn reports what goes wrong.
@@ -40,7 +41,8 @@ from torch_tweak.torch.tune_strategy.isolated import (
     sweep_candidate,
 )
 from torch_tweak.torch.tune_strategy.result_cache import ResultCache
-from torch_tweak.torch.tune_strategy.results import BASELINE, Plan
+from torch_tweak.torch.tune_strategy.results import BASELINE, Evaluation, Plan
+from torch_tweak.torch.tune_strategy.twins import thread_limited_reason
 from torch_tweak.utils import pause
 
 logger = logging.getLogger(__name__)
@@ -194,7 +196,7 @@ def start_builds_ahead(strategy: Any, task: GraphTask, executor: Executor | None
     if executor is None or shared is None:
         return None
     unbuilt = [(t, role) for t, role in strategy._templates(task)
-               if cache is None or cache.load(cache.key(t, role)) is None]
+               if cache is None or (cache.load(cache.key(t, role)) is None and not _twin_skips(t, role, cache))]
     if not any(type(t).rebuilds_from_files for t, _ in unbuilt):  # no conversion to overlap (OpenVINO, ONNX
         return None  # Runtime and eager results reused): a background worker would only compete with the rest
     # (asked after that: TorchAO's answer imports Inductor, 3-7 s, which a rerun that reuses every result skips)
@@ -221,3 +223,14 @@ def start_builds_ahead(strategy: Any, task: GraphTask, executor: Executor | None
     logger.info("%s: building %s ahead in a background worker", describe_task(task),
                 ", ".join(t.describe() for t in templates))
     return ahead
+
+
+def _twin_skips(template: Backend, role: str, cache: ResultCache) -> bool:
+    """Whether the stored result of ``template``'s every-core twin already skips it (``twins.py``): then it is never
+    built, and a rerun needs no background worker for its sake."""
+    twin = template.every_core_twin()
+    stored = None if twin is None else cache.load(cache.key(twin, role))
+    if twin is None or stored is None:
+        return False
+    row, sweep = stored
+    return thread_limited_reason(twin, [Evaluation(role, row, None, sweep, template=twin, reused=True)]) is not None
