@@ -72,7 +72,8 @@ def strategy(clock: FakeClock, *extra: TimedBackend) -> tt.HighestThroughputStra
                                         baseline=TimedBackend(clock, ms_per_call=1.0))
 
 
-def tune(model: nn.Module, clock: FakeClock, *extra: TimedBackend, data: Any = DATA, **kwargs: Any) -> tuple[tt.Module, Any]:
+def tune(model: nn.Module, clock: FakeClock, *extra: TimedBackend, data: Any = DATA,
+         **kwargs: Any) -> tuple[tt.Module, Any]:
     wrapped = tt.Module(model, strategy=strategy(clock, *extra))
     report = tt.tune(wrapped, data, batch_sizes=[1, 2, 4], ignore_failing_modules=False, **kwargs)
     return wrapped, report.modules[0].graphs[0]
