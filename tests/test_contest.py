@@ -24,6 +24,7 @@ from torch_tweak.torch.tune_strategy.contest import (
     CONTEST_WITHIN,
     MIN_WIN,
     ROUNDS,
+    Outcome,
     _factor,
     _stored,
     block_cycles,
@@ -80,8 +81,8 @@ def test_a_drift_between_two_sweeps_is_undone_by_timing_them_in_turns(clock):
     _, _, graph = tune(strat)
     assert graph.chosen == steady.describe()
     contest = _contest_part(graph.reason)
-    assert contest.startswith(f"{steady.describe()} (3 rounds, p50 ms per call at the batch sizes the sweeps judged "
-                              "them by: ")
+    assert contest.startswith(f"{steady.describe()} (up to 3 rounds, p50 ms per call at the batch sizes the sweeps "
+                              "judged them by: ")
     assert f"{lucky.describe()} 1.6 at batch 8; {steady.describe()} 1.28 at batch 8" in contest
     assert f"{steady.describe()} won, by 1.25x" in contest
     assert graph.reason.startswith("6250.0 samples/s at batch 8")  # the winner's own sweep, as measured
@@ -279,7 +280,7 @@ def test_stored_times_are_read_back_with_integer_sizes():
 
 
 def _routes_part(reason: str) -> str:
-    marker = "timed in turns (3 rounds, p50 ms per call): "
+    marker = "timed in turns (up to 3 rounds, p50 ms per call): "
     return reason.split(marker, 1)[1] if marker in reason else ""
 
 
@@ -335,7 +336,7 @@ def test_a_route_that_led_by_far_in_the_sweeps_is_kept_without_timing_it_in_turn
     assert graph.chosen.startswith("BatchRouterBackend(batch<=1: " + small.describe())
     assert (f"{small.describe()} led by {CONTEST_WITHIN:g}x or more in the sweeps at batch 1: route kept there "
             "without timing in turns") in graph.reason
-    assert "timed in turns (3 rounds" not in graph.reason
+    assert "timed in turns (up to 3 rounds" not in graph.reason
     assert wrapped(torch.randn(1, 8)).shape == (1, 4)
 
 
@@ -380,8 +381,8 @@ def test_a_head_to_head_runs_in_the_background_worker_that_holds_a_contender(out
     executor = _Executor([{1: 4.0}, {1: 5.0}])
     task = SimpleNamespace(probed={}, module_name="m", graph_spec=SimpleNamespace(name="0"))
     with caplog.at_level(logging.INFO, logger="torch_tweak"):
-        times = tt.HighestThroughputStrategy([TorchEagerBackend()])._time_in_turns(task, contenders, [[1], [1]], None, executor, object(), "head-to-head",
-                                          ahead)
+        times = tt.HighestThroughputStrategy([TorchEagerBackend()])._time_in_turns(
+            task, contenders, [[1], [1]], None, executor, object(), "head-to-head", Outcome(), ahead)
     assert ahead.ran == ["module 'm' graph 0: head-to-head"]
     assert times == ([{1: 4.0}, {1: 5.0}] if worker_times else [{1: 2.0}, {1: 3.0}])
     assert len(executor.submitted) == int(worker_times)
@@ -395,6 +396,73 @@ def test_a_head_to_head_without_a_held_contender_runs_in_the_worker():
     ahead = _Ahead({"another candidate"}, Done([], "pid 1 on here"))
     executor = _Executor([{1: 4.0}, {1: 5.0}])
     task = SimpleNamespace(probed={}, module_name="m", graph_spec=SimpleNamespace(name="0"))
-    assert tt.HighestThroughputStrategy([TorchEagerBackend()])._time_in_turns(task, contenders, [[1], [1]], None, executor, object(), "head-to-head",
-                                     ahead) == [{1: 4.0}, {1: 5.0}]
+    assert tt.HighestThroughputStrategy([TorchEagerBackend()])._time_in_turns(
+        task, contenders, [[1], [1]], None, executor, object(), "head-to-head", Outcome(), ahead) == [{1: 4.0}, {1: 5.0}]
     assert ahead.ran == [] and executor.submitted == ["module 'm' graph 0: head-to-head"]
+
+
+def _timed_in_turns(clock, tmp_path, a: dict[str, float], b: dict[str, float], outcome: Outcome | None):
+    """Time backends ``a`` and ``b`` (TimedBackend fields) in turns at batch 4, one 125 ms-ish call per block; the calls
+    each made, warm-up included."""
+    model = mlp()
+    ((spec, samples),) = record(model, [(4, ((torch.randn(4, 8),), {}))])
+    backends = [TimedBackend(clock, label=label, **fields) for label, fields in (("a", a), ("b", b))]
+    for backend in backends:
+        backend.build(model, spec, [s.sample for s in samples], torch.device("cpu"), tmp_path / backend.key())
+    profiling = ProfilingConfig(clock=clock, pause_s=0, min_time_s=0, max_calls=1000, max_time_s=0.1)
+    plan = Plan(batch_sizes=[4], batched=False, sample=samples[0].sample)
+    score = tt.HighestThroughputStrategy()._contest_score
+    settled = outcome.rule(score) if outcome is not None else None
+    times = contest_times(backends, spec, torch.device("cpu"), plan, [[4], [4]], profiling, settled)
+    return times, [backend.calls for backend in backends]
+
+
+@pytest.mark.parametrize(("b_ms", "outcome", "rounds"), [
+    (250.0, Outcome(), 2),  # a (120-130 ms) beats b whatever a third round shows: it is left out
+    (124.0, Outcome(), 3),  # b could still win by 1.03x if a's third call took 130 ms, or lose: the third round runs
+    (250.0, None, 3),  # no outcome to settle: every round runs
+])
+def test_a_contest_leaves_out_the_rounds_that_cannot_change_its_outcome(clock, tmp_path, b_ms, outcome, rounds):
+    # a's calls alternate 120 and 130 ms (jitter), so after two rounds its median can end anywhere in between
+    times, calls = _timed_in_turns(clock, tmp_path, {"ms_per_call": 125.0, "jitter_ms": 5.0}, {"ms_per_call": b_ms},
+                                   outcome)
+    assert calls == [1 + rounds] * 2  # the warm-up call, then one call per block
+    assert times[1] == {4: pytest.approx(b_ms)}
+
+
+def test_later_blocks_of_a_contest_make_as_many_calls_as_the_first():
+    lowest, highest = contest_module.median_ranges([{4: [1.0, 2.0]}, {4: [3.0, 3.0, 3.0, 3.0]}], [1, 2])
+    assert lowest == [{4: 1.0}, {4: 3.0}] and highest == [{4: 2.0}, {4: 3.0}]
+    lowest, highest = contest_module.median_ranges([{4: [1.0]}], [2])  # one call so far, two to come: anything
+    assert lowest == [{4: 0.0}] and highest[0][4] > 1e29
+
+
+_THROUGHPUT = tt.HighestThroughputStrategy()._contest_score
+
+
+@pytest.mark.parametrize(("lowest", "highest", "settled"), [
+    ([{1: 1.0}, {1: 1.2}], [{1: 1.0}, {1: 1.3}], True),  # 1.2x eager at worst: the gate passes whatever comes
+    ([{1: 1.0}, {1: 1.0}], [{1: 1.0}, {1: 1.02}], True),  # 1.02x eager at best: it fails whatever comes
+    ([{1: 1.0}, {1: 1.0}], [{1: 1.0}, {1: 1.1}], False),  # between 1.0x and 1.1x: a third round decides
+])
+def test_a_contest_with_eager_is_settled_only_when_the_eager_gate_is(lowest, highest, settled):
+    assert Outcome(rivals=0, gate=1.05).settled(_THROUGHPUT, lowest, highest) is settled
+
+
+@pytest.mark.parametrize(("lowest", "highest", "settled"), [
+    ([{1: 1.0}, {1: 0.7}, {1: 0.9}], [{1: 1.0}, {1: 0.8}, {1: 0.95}], True),  # the first rival wins whatever comes
+    ([{1: 1.0}, {1: 0.7}, {1: 0.75}], [{1: 1.0}, {1: 0.8}, {1: 0.95}], False),  # either rival may come out on top
+    ([{1: 1.0}, {1: 0.98}, {1: 1.5}], [{1: 1.0}, {1: 1.0}, {1: 1.6}], True),  # no rival can win by 1.03x
+])
+def test_a_contest_between_rivals_is_settled_once_its_winner_is(lowest, highest, settled):
+    assert Outcome(rivals=2).settled(_THROUGHPUT, lowest, highest) is settled
+
+
+@pytest.mark.parametrize(("theirs_low", "theirs_high", "settled"), [
+    (0.5, 0.6, True),  # the rival's route wins by 1.67x at worst
+    (1.0, 1.1, True),  # it cannot win by 1.03x
+    (0.95, 1.0, False),  # it may win by 1.05x, or not at all
+])
+def test_a_route_timed_in_turns_is_settled_size_by_size(theirs_low, theirs_high, settled):
+    lowest, highest = [{1: 1.0, 2: 2.0}, {1: theirs_low, 2: 1.0}], [{1: 1.0, 2: 2.0}, {1: theirs_high, 2: 1.0}]
+    assert Outcome(pairwise=True).settled(_THROUGHPUT, lowest, highest) is settled

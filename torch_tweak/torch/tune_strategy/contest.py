@@ -11,6 +11,13 @@ them). A drift then falls on all of them alike.
 A rival replaces the best only when it beats it in turns by :data:`MIN_WIN` on the strategy's metric. The
 graph's reason in the report gives the times either way; the result cache keeps them, so a rerun that reuses
 the measurements decides alike without timing anything.
+
+The last round is left out when it cannot change the outcome: every block after the first makes as many calls as
+the contender's first block did, so the calls still to come are known in number, and each median can then end
+anywhere between the median with all of them faster than every call so far and the median with all of them
+slower. When the winner (and the eager gate's verdict) come out the same at every end of those ranges, the
+rounds left could only move the reported times: on a BERT-base, the head-to-head of three int8 contenders at
+batch 32 timed 9 calls of about a second for a verdict the first 6 had settled.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,19 +59,27 @@ _WARM_CYCLE_MAX_S = 0.05  # a block starts with an untimed cycle when one takes 
 #: took 168 against 145 ms (8 pairs each, 2-vCPU EPYC), and 145 ms after a 50 ms pause. An untimed cycle of short
 #: calls ends long before such threads do.
 BLOCK_PAUSE_S = 0.05
+_UNBOUNDED_MS = 1e30  # stands for "slower than every call so far" in the range a median can still reach
+
+#: Per contender, per batch size: milliseconds (the medians so far at their lowest and at their highest reach).
+Times = list[dict[int, float]]
 
 
 def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device, plan: Plan,
-                  sizes: Sequence[Sequence[int]], profiling: ProfilingConfig) -> list[dict[int, float]]:
+                  sizes: Sequence[Sequence[int]], profiling: ProfilingConfig,
+                  settled: Callable[[Times, Times], bool] | None = None) -> Times:
     """For each of ``backends``: the median milliseconds of one call at each of its ``sizes`` (one list per backend),
-    timed in :data:`ROUNDS` rounds of blocks, one block per backend and round, the order rotating from round to round.
+    timed in up to :data:`ROUNDS` rounds of blocks, one block per backend and round, the order rotating from round to
+    round.
 
-    A block runs cycles of one call at each of the backend's sizes for ``profiling.max_time_s`` (at least one
-    cycle), or until it has made :func:`block_cycles` of them: all blocks of a contender together make as many calls
-    per size as one sweep measurement at most, so that short calls are not timed for seconds (an MLP 256-512-256
-    spent 5 of its 30 s of tuning in three 0.5 s blocks of 40 µs calls per contender). Each block starts after a
-    pause of :data:`BLOCK_PAUSE_S` (the previous backend's threads going idle) and, when a cycle is short, with an
-    untimed cycle (cold caches), so neither falls on a timed call.
+    A backend's first block runs cycles of one call at each of its sizes for ``profiling.max_time_s`` (at least one
+    cycle), or until it has made :func:`block_cycles` of them, and its later blocks make as many cycles: all blocks
+    of a contender together make as many calls per size as one sweep measurement at most, so that short calls are
+    not timed for seconds (an MLP 256-512-256 spent 5 of its 30 s of tuning in three 0.5 s blocks of 40 µs calls per
+    contender). Each block starts after a pause of :data:`BLOCK_PAUSE_S` (the previous backend's threads going idle)
+    and, when a cycle is short, with an untimed cycle (cold caches), so neither falls on a timed call. After each
+    round but the last, ``settled(lowest, highest)`` gets the range each median can still reach
+    (:func:`median_ranges`); when it returns True, the rounds left are not run.
     """
     made: dict[tuple[int, ...], CallCycle] = {}  # contenders timed at the same sizes share their inputs
     cycles = []
@@ -78,6 +94,7 @@ def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device
     with torch.no_grad(), paused():
         short = [cycle(backend, None) < _WARM_CYCLE_MAX_S  # also the warm-up
                  for cycle, backend in zip(cycles, backends, strict=True)]
+        counts: list[int] = []  # cycles per block, as each contender's first block made them
         for r in range(ROUNDS):
             for i in [(r + j) % len(backends) for j in range(len(backends))]:
                 if settle > 0:
@@ -88,9 +105,68 @@ def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device
                 while True:
                     cycles[i](backends[i], times[i])
                     made_here += 1
-                    if made_here >= most or clock() - begin >= profiling.max_time_s:
+                    if r and made_here >= counts[i]:
                         break
+                    if not r and (made_here >= most or clock() - begin >= profiling.max_time_s):
+                        break
+                if not r:
+                    counts.append(made_here)
+            left = ROUNDS - 1 - r
+            if settled is not None and left and settled(*median_ranges(times, [c * left for c in counts])):
+                logger.debug("head-to-head: %d of %d rounds; the rest could not change the outcome", r + 1, ROUNDS)
+                break
     return [{size: percentile(values, 50) for size, values in record.items()} for record in times]
+
+
+def median_ranges(times: list[dict[int, list[float]]], more: list[int]) -> tuple[Times, Times]:
+    """The lowest and the highest median each contender's calls at each size can reach after ``more[i]`` further
+    calls of contender ``i`` at each of its sizes: all of them faster than any so far, or all slower."""
+    lowest = [{size: percentile(values + [0.0] * k, 50) for size, values in record.items()}
+              for record, k in zip(times, more, strict=True)]
+    highest = [{size: percentile(values + [_UNBOUNDED_MS] * k, 50) for size, values in record.items()}
+               for record, k in zip(times, more, strict=True)]
+    return lowest, highest
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a head-to-head decides, so that its timing stops once the rounds left cannot change that.
+
+    A contest (``pairwise`` False): contender 0 is the best, the next ``rivals`` its rivals, and when ``gate`` is
+    set eager comes last and the winner's speed-up over it must reach ``gate``. A route (``pairwise``): contender 1
+    takes each batch size where its call takes :data:`MIN_WIN` times less than contender 0's."""
+
+    rivals: int = 1
+    gate: float | None = None
+    pairwise: bool = False
+
+    def rule(self, score: Callable[[dict[int, float]], float]) -> Callable[[Times, Times], bool]:
+        """``settled(lowest, highest)`` for :func:`contest_times`, scoring per-size times with ``score``."""
+        return lambda lowest, highest: self.settled(score, lowest, highest)
+
+    def settled(self, score: Callable[[dict[int, float]], float], lowest: Times, highest: Times) -> bool:
+        """Whether the decision comes out the same wherever in their ranges the medians end (scores only fall as
+        times grow)."""
+        if self.pairwise:
+            mine_low, theirs_low = lowest
+            mine_high, theirs_high = highest
+            return all(_beats(-theirs_high[s], -mine_low[s]) or not _beats(-theirs_low[s], -mine_high[s])
+                       for s in mine_low)
+        ranges = [(score(high), score(low)) for low, high in zip(lowest, highest, strict=True)]  # (worst, best)
+        best_worst, best_best = ranges[0]
+        rivals = range(1, 1 + self.rivals)
+        if not any(_beats(ranges[i][1], best_worst) for i in rivals):
+            winner = 0
+        else:
+            sure = [i for i in rivals if _beats(ranges[i][0], best_best)
+                    and all(ranges[i][0] > ranges[q][1] for q in rivals if q != i)]
+            if not sure:
+                return False
+            winner = sure[0]
+        if self.gate is None:
+            return True
+        eager_worst, eager_best = ranges[-1]
+        return _factor(ranges[winner][0], eager_best) >= self.gate or _factor(ranges[winner][1], eager_worst) < self.gate
 
 
 def block_cycles(profiling: ProfilingConfig) -> int:
@@ -99,13 +175,14 @@ def block_cycles(profiling: ProfilingConfig) -> int:
 
 
 def time_contest(context: WorkerContext, contenders: list[Sent], sizes: list[list[int]],
-                 plan: Plan) -> list[dict[int, float]]:
+                 plan: Plan, outcome: Outcome | None = None) -> Times:
     """In the worker: build the contenders again (or serve those it holds) and time them in turns
-    (:func:`contest_times`); the background worker does so at its normal priority."""
-    task = context.task
+    (:func:`contest_times`, until ``outcome`` is settled); the background worker does so at its normal priority."""
+    task, strategy = context.task, context.strategy
+    settled = outcome.rule(strategy._contest_score) if outcome is not None else None
     with priority.normal():
         return serve_in_worker(context, contenders, lambda servings: contest_times(
-            servings, task.graph_spec, task.device, plan, sizes, context.strategy.profiling))
+            servings, task.graph_spec, task.device, plan, sizes, strategy.profiling, settled))
 
 
 class Contests:
@@ -153,8 +230,9 @@ class Contests:
         picks = sorted({e.pick.batch_size for e in contenders if e is not eager})  # type: ignore[union-attr]
         sizes = [sorted({*picks, e.pick.batch_size}) if e is eager else picks for e in contenders]  # type: ignore
         names = ", ".join(e.row.backend for e in contenders[1:])
+        outcome = Outcome(rivals=len(rivals), gate=gate if eager is not None else None)
         times = self._time_in_turns(task, contenders, sizes, plan, executor, shared, f"head-to-head with {names}",
-                                    ahead)
+                                    outcome, ahead)
         if isinstance(times, str):
             return best, f"; a head-to-head with {names} was not run ({times})", None
         scores = [self._contest_score(t) for t in times]
@@ -171,14 +249,14 @@ class Contests:
             verdict += ("; " if verdict else "") + f"{winner.row.backend} {versus_eager:.2f}x eager in turns"
         per_call = "; ".join(f"{e.row.backend} {_per_size(t, own)} at batch {'/'.join(map(str, own))}"
                              for e, t, own in zip(contenders, times, sizes, strict=True))
-        note = (f"; timed in turns with {names} ({ROUNDS} rounds, p50 ms per call at the batch sizes the sweeps judged "
-                f"them by: {per_call}): {verdict}")
+        note = (f"; timed in turns with {names} (up to {ROUNDS} rounds, p50 ms per call at the batch sizes the sweeps "
+                f"judged them by: {per_call}): {verdict}")
         logger.info("%s: head-to-head%s", describe_task(task), note[1:])
         return winner, note, versus_eager
 
     def _time_in_turns(self: Any, task: GraphTask, contenders: list[Evaluation], sizes: list[list[int]], plan: Plan,
-                       executor: Executor | None, shared: Shared | None, what: str,
-                       ahead: BuildsAhead | None = None) -> list[dict[int, float]] | str:
+                       executor: Executor | None, shared: Shared | None, what: str, outcome: Outcome,
+                       ahead: BuildsAhead | None = None) -> Times | str:
         """Per contender, the p50 ms of one call at each of its ``sizes`` timed in turns (:func:`contest_times`): as
         an earlier run on the same reused results stored them, in the background worker when it holds a contender's
         build (``ahead``), in the worker, or here; or why they were not timed."""
@@ -189,7 +267,7 @@ class Contests:
         elif executor is not None and shared is not None:
             if any(e.template is None for e in contenders):
                 return "a contender has no template to build it again in the worker"
-            args, label = ([sent(None, e) for e in contenders], sizes, plan), f"{describe_task(task)}: {what}"
+            args, label = ([sent(None, e) for e in contenders], sizes, plan, outcome), f"{describe_task(task)}: {what}"
             outcome = None
             if ahead is not None and ahead.holds([_identity(e) for e in contenders]):
                 outcome = ahead.run(time_contest, args, label)
@@ -209,7 +287,7 @@ class Contests:
                     return f"building {evaluation.row.backend} again failed"
                 evaluation.backend.ensure_active()  # type: ignore[union-attr]  # released once it fell behind
             times = contest_times([e.backend for e in contenders], task.graph_spec, task.device, plan, sizes,
-                                  self.profiling)
+                                  self.profiling, outcome.rule(self._contest_score))
         if not isinstance(task.probed.get(CONTEST_TIMES), dict):
             task.probed[CONTEST_TIMES] = {}
         task.probed[CONTEST_TIMES][key] = times
@@ -242,13 +320,14 @@ class Contests:
             if not sizes:
                 continue
             times = self._time_in_turns(task, [chosen, rival], [sizes, sizes], plan, executor, shared,
-                                        f"route to {rival.row.backend} timed in turns")
+                                        f"route to {rival.row.backend} timed in turns", Outcome(pairwise=True))
             if isinstance(times, str):
                 notes.append(f"the route to {rival.row.backend} was not timed in turns ({times})")
                 continue
             mine, theirs = times
             lost = [size for size in sizes if not _beats(-theirs[size], -mine[size])]
-            notes.append(f"batch {'/'.join(map(str, sizes))} timed in turns ({ROUNDS} rounds, p50 ms per call): "
+            notes.append(f"batch {'/'.join(map(str, sizes))} timed in turns (up to {ROUNDS} rounds, p50 ms per "
+                         "call): "
                          f"{rival.row.backend} {_per_size(theirs, sizes)}, {chosen.row.backend} "
                          f"{_per_size(mine, sizes)}: route " + _verdict(sizes, lost))
             if lost:
