@@ -76,21 +76,6 @@ def test_close_stops_the_worker_cleanly():
     assert process.exitcode == 0  # left on "stop" (not killed after the join timed out)
     assert executor._worker is None
 
-def test_a_prepared_worker_starts_before_the_first_unit_and_serves_it():
-    executor = ProcessExecutor()
-    try:
-        executor.prepare()
-        worker = executor._worker
-        assert worker is not None and not worker.ready  # started, not waited for
-        executor.prepare()
-        assert executor._worker is worker  # one worker
-        _, graph, _, _ = _tune([TorchEagerBackend(), OwnCopyBackend()], executor, name="prepared")
-        assert executor._worker is worker and worker.ready
-        assert {row.worker for row in graph.candidates} == {worker.name}
-    finally:
-        executor.close()
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory is watched through /proc")
 def test_crash_runaway_memory_and_native_hang_become_rows_and_tuning_finishes(caplog):
     executor = ProcessExecutor(memory_limit_gb=2.0)

@@ -15,7 +15,6 @@ from toy_models import KwargsModel, Pair
 
 import torch_tweak.torch as tt
 from torch_tweak.torch.cache_limit import cache_items
-from torch_tweak.torch.executor import InlineExecutor
 from torch_tweak.torch.module.known_shapes import KnownShapes, module_key
 from torch_tweak.torch.module.recording import Recorder
 from torch_tweak.torch.module.sample_store import SampleStore
@@ -273,22 +272,3 @@ def test_the_shapes_file_is_an_item_the_cache_size_limit_counts() -> None:
     tune(Counting(), FakeClock())
     items = [path for _, _, path in cache_items(tt.config.cache_dir)]
     assert [p.suffix for p in items if p.parent.name == "recordings"] == [".json"]
-
-
-class Preparing(InlineExecutor):
-    """An inline executor that counts the times tuning told it that work is likely to come."""
-
-    prepared = 0
-
-    def prepare(self) -> None:
-        self.prepared += 1
-
-
-def test_a_first_tuning_starts_the_executor_early_and_a_rerun_does_not() -> None:
-    clock, executor = FakeClock(), Preparing()
-    tune(Counting(), clock, executor=executor)
-    assert executor.prepared == 1  # its worker would start while the module is recorded
-    tune(Counting(), clock, executor=executor)
-    assert executor.prepared == 1  # the same module again: its stored results are reused, no worker may be needed
-    tune(Counting(seed=1), clock, executor=executor)
-    assert executor.prepared == 2  # other weights: a first tuning

@@ -118,8 +118,6 @@ def tune(
         session.top, session.known = func, KnownShapes.open(cache_folder(RECORDED_SHAPES), func.wrapped)
         if session.known.path is not None:
             touch(session.known.path)  # used now: the cache size limit deletes least recently used files first
-    if not dry_run and not (session.known is not None and session.known.graphs):
-        runner.prepare()  # a first tuning of the module: its worker starts while the module is recorded
     try:
         with external_logging_disabled(check_bool(disable_external_logging, "disable_external_logging")):
             report = _record_and_tune(func, items, sizes, max_num_batches_per_batch_size, target, dry_run,

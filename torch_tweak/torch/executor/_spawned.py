@@ -55,7 +55,7 @@ def describe_exit(code: int | None) -> str:
 class Worker:
     """One spawned worker and the pipe to it."""
 
-    def __init__(self, num_threads: int, background: bool = False, wait: bool = True) -> None:
+    def __init__(self, num_threads: int, background: bool = False) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe(duplex=True)
         level = logging.getLogger("torch_tweak").getEffectiveLevel()
@@ -69,12 +69,10 @@ class Worker:
             os.environ.pop(WORKER_ENV, None)
         child.close()
         self.name = f"pid {self.process.pid}"
-        self.ready = False
-        if wait and not background:  # a background worker's "ready" is read with its first reply (nobody waits)
-            self.wait_ready()
+        if not background:  # a background worker's "ready" is read with its first reply (nobody waits for it)
+            self._wait_ready()
 
-    def wait_ready(self) -> None:
-        """Wait for the worker's "ready" (its imports done); raises :class:`WorkerError` if it does not start."""
+    def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             message = self.receive(POLL_S)
@@ -84,7 +82,6 @@ class Worker:
                 continue
             if message[0] == "ready":
                 self.name = f"pid {message[1]['pid']} on {message[1]['host']}"
-                self.ready = True
                 return
         code = self.process.exitcode
         self.kill()

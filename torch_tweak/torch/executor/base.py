@@ -128,10 +128,6 @@ class Executor(ABC):
     def release(self, shared: Shared) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """The context will not be used again (workers may drop it)."""
 
-    def prepare(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
-        """Work is likely to come: start what takes time to start (a process executor's worker imports its
-        modules meanwhile)."""
-
     def background(self) -> Background | None:
         """A new background worker for builds started ahead of their turn (``executor/background.py``), whose
         process group this machine's measurements can pause; None where the executor has none (the default)."""

@@ -132,13 +132,6 @@ class ProcessExecutor(Executor):
                time_limit_s: float | None, label: str) -> Pending:
         return _Lazy(lambda: self._run(shared, fn, args, time_limit_s, label))
 
-    def prepare(self) -> None:
-        """Start the worker without waiting for it: the first unit of work waits for what is left of its start.
-        ``tt.tune`` calls this before it records, so the worker's imports (those of the caller's main script too:
-        5 s of a BERT-base's tuning on 2 cores) overlap the recording instead of following it."""
-        if self._worker is None:
-            self._worker = Worker(self.num_threads or torch.get_num_threads(), wait=False)
-
     def background(self) -> BackgroundBuilds | None:
         if not self.build_ahead:
             return None
@@ -161,10 +154,6 @@ class ProcessExecutor(Executor):
     # internals --------------------------------------------------------------------------------
 
     def _ensure_worker(self) -> Worker:
-        if self._worker is not None and not self._worker.ready and self._worker.process.is_alive():
-            started, self._worker = self._worker, None  # started by prepare(): wait for what is left of its start
-            started.wait_ready()
-            self._worker = started
         if self._worker is None or not self._worker.process.is_alive():
             if self._worker is not None:
                 self._worker.kill()
