@@ -230,9 +230,9 @@ class Contests:
         picks = sorted({e.pick.batch_size for e in contenders if e is not eager})  # type: ignore[union-attr]
         sizes = [sorted({*picks, e.pick.batch_size}) if e is eager else picks for e in contenders]  # type: ignore
         names = ", ".join(e.row.backend for e in contenders[1:])
-        outcome = Outcome(rivals=len(rivals), gate=gate if eager is not None else None)
+        decides = Outcome(rivals=len(rivals), gate=gate if eager is not None else None)
         times = self._time_in_turns(task, contenders, sizes, plan, executor, shared, f"head-to-head with {names}",
-                                    outcome, ahead)
+                                    decides, ahead)
         if isinstance(times, str):
             return best, f"; a head-to-head with {names} was not run ({times})", None
         scores = [self._contest_score(t) for t in times]
@@ -255,11 +255,12 @@ class Contests:
         return winner, note, versus_eager
 
     def _time_in_turns(self: Any, task: GraphTask, contenders: list[Evaluation], sizes: list[list[int]], plan: Plan,
-                       executor: Executor | None, shared: Shared | None, what: str, outcome: Outcome,
+                       executor: Executor | None, shared: Shared | None, what: str, decides: Outcome,
                        ahead: BuildsAhead | None = None) -> Times | str:
-        """Per contender, the p50 ms of one call at each of its ``sizes`` timed in turns (:func:`contest_times`): as
-        an earlier run on the same reused results stored them, in the background worker when it holds a contender's
-        build (``ahead``), in the worker, or here; or why they were not timed."""
+        """Per contender, the p50 ms of one call at each of its ``sizes`` timed in turns (:func:`contest_times`, in
+        rounds until what it ``decides`` is settled): as an earlier run on the same reused results stored them, in
+        the background worker when it holds a contender's build (``ahead``), in the worker, or here; or why they were
+        not timed."""
         key = json.dumps([[(_identity(e), e.role) for e in contenders], sizes])
         stored = _stored(task.probed.get(CONTEST_TIMES), key, sizes)
         if stored is not None:  # timed by an earlier run on the same reused results: it decides as that one did
@@ -267,7 +268,7 @@ class Contests:
         elif executor is not None and shared is not None:
             if any(e.template is None for e in contenders):
                 return "a contender has no template to build it again in the worker"
-            args, label = ([sent(None, e) for e in contenders], sizes, plan, outcome), f"{describe_task(task)}: {what}"
+            args, label = ([sent(None, e) for e in contenders], sizes, plan, decides), f"{describe_task(task)}: {what}"
             outcome = None
             if ahead is not None and ahead.holds([_identity(e) for e in contenders]):
                 outcome = ahead.run(time_contest, args, label)
@@ -287,7 +288,7 @@ class Contests:
                     return f"building {evaluation.row.backend} again failed"
                 evaluation.backend.ensure_active()  # type: ignore[union-attr]  # released once it fell behind
             times = contest_times([e.backend for e in contenders], task.graph_spec, task.device, plan, sizes,
-                                  self.profiling, outcome.rule(self._contest_score))
+                                  self.profiling, decides.rule(self._contest_score))
         if not isinstance(task.probed.get(CONTEST_TIMES), dict):
             task.probed[CONTEST_TIMES] = {}
         task.probed[CONTEST_TIMES][key] = times
@@ -326,8 +327,7 @@ class Contests:
                 continue
             mine, theirs = times
             lost = [size for size in sizes if not _beats(-theirs[size], -mine[size])]
-            notes.append(f"batch {'/'.join(map(str, sizes))} timed in turns (up to {ROUNDS} rounds, p50 ms per "
-                         "call): "
+            notes.append(f"batch {'/'.join(map(str, sizes))} timed in turns (up to {ROUNDS} rounds, p50 ms per call): "
                          f"{rival.row.backend} {_per_size(theirs, sizes)}, {chosen.row.backend} "
                          f"{_per_size(mine, sizes)}: route " + _verdict(sizes, lost))
             if lost:
