@@ -163,8 +163,24 @@ def restore(state_dict: dict[str, Any]) -> tuple[Path | None, dict[str, Any] | N
     return (Path(package) if package is not None else None), (saved if isinstance(saved, dict) else None)
 
 
-def usable(package: Path | None, saved_environment: Any, libraries: tuple[str, ...], owner: str) -> bool:
-    """True if a restored backend may serve from ``package``; warns why not when one was stored but cannot be used."""
+def load_usable(package: Path | None, saved_environment: Any, libraries: tuple[str, ...], owner: str,
+                graph_spec: GraphSpec | None, device: torch.device | None) -> PackageRunner | None:
+    """What a restored backend serves from ``package`` when it may (:func:`usable`), else None: it compiles."""
+    if graph_spec is None or not usable(package, saved_environment, libraries, owner, stacklevel=5):
+        return None
+    assert package is not None  # usable() said so
+    return load(package, graph_spec, device)
+
+
+def state(package: Path | None, environment: dict[str, Any] | None) -> dict[str, Any]:
+    """The backend-state entries of a warm-load package and its environment (none without a package)."""
+    return {} if package is None else {STATE_PACKAGE: package, STATE_ENVIRONMENT: environment}
+
+
+def usable(package: Path | None, saved_environment: Any, libraries: tuple[str, ...], owner: str,
+           stacklevel: int = 4) -> bool:
+    """True if a restored backend may serve from ``package``; warns why not when one was stored but cannot be used
+    (``stacklevel``: of the warning, 4 for a call from a backend's ``_deploy``)."""
     if package is None:
         return False
     reason = mismatch(saved_environment, libraries)
@@ -173,5 +189,5 @@ def usable(package: Path | None, saved_environment: Any, libraries: tuple[str, .
     message = (f"{owner}: the compiled artifacts in the checkpoint were made in another environment ({reason}); "
                "compiling the module here instead (the first calls are slower; outputs are unaffected). Save the "
                "checkpoint again in this environment to load it warm.")
-    warnings.warn(message, WarmLoadWarning, stacklevel=4)
+    warnings.warn(message, WarmLoadWarning, stacklevel=stacklevel)
     return False

@@ -187,9 +187,9 @@ class TorchInductorBackend(Backend):
         self._compiled = None
 
     def _deploy(self) -> None:
-        if _warm_package.usable(self._warm, self._warm_environment, self._WARM_LIBRARIES, self.name):
-            assert self._warm is not None and self._graph_spec is not None
-            self._compiled = _warm_package.load(self._warm, self._graph_spec, self._device)
+        self._compiled = _warm_package.load_usable(self._warm, self._warm_environment, self._WARM_LIBRARIES, self.name,
+                                                   self._graph_spec, self._device)
+        if self._compiled is not None:
             return
         self._warm = None  # not used here, so not saved again either
         if self._module is not None and self._device is not None:
@@ -213,9 +213,7 @@ class TorchInductorBackend(Backend):
                     context=self._context, reference=self._compiled, precision=self.executed_precision,
                     device=self._device)
             self._warm_environment = _warm_package.fingerprint(self._WARM_LIBRARIES)
-        if self._warm is None:
-            return {}
-        return {_warm_package.STATE_PACKAGE: self._warm, _warm_package.STATE_ENVIRONMENT: self._warm_environment}
+        return _warm_package.state(self._warm, self._warm_environment)
 
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
         with torch.no_grad(), self._context():
