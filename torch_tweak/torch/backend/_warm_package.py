@@ -163,6 +163,30 @@ def restore(state_dict: dict[str, Any]) -> tuple[Path | None, dict[str, Any] | N
     return (Path(package) if package is not None else None), (saved if isinstance(saved, dict) else None)
 
 
+class WarmLoads:
+    """Mixed into (before ``Backend``) a backend that saves a warm-load package: ``deploy`` serves from the package
+    when it is usable here, and otherwise forgets it and runs :meth:`_deploy_cold` (quantize, compile...)."""
+
+    _WARM_LIBRARIES: tuple[str, ...]
+    _warm: Path | None
+    _warm_environment: dict[str, Any] | None
+    _graph_spec: GraphSpec | None
+    _device: torch.device | None
+    _compiled: Callable[..., Any] | None
+    name: str
+
+    def _deploy(self) -> None:
+        self._compiled = load_usable(self._warm, self._warm_environment, self._WARM_LIBRARIES, self.name,
+                                     self._graph_spec, self._device)
+        if self._compiled is None:
+            self._warm = None  # not used here, so not saved again either
+            self._deploy_cold()
+
+    def _deploy_cold(self) -> None:
+        """Make the backend servable without its package."""
+        raise NotImplementedError
+
+
 def load_usable(package: Path | None, saved_environment: Any, libraries: tuple[str, ...], owner: str,
                 graph_spec: GraphSpec | None, device: torch.device | None) -> PackageRunner | None:
     """What a restored backend serves from ``package`` when it may (:func:`usable`), else None: it compiles."""
@@ -178,9 +202,9 @@ def state(package: Path | None, environment: dict[str, Any] | None) -> dict[str,
 
 
 def usable(package: Path | None, saved_environment: Any, libraries: tuple[str, ...], owner: str,
-           stacklevel: int = 4) -> bool:
+           stacklevel: int) -> bool:
     """True if a restored backend may serve from ``package``; warns why not when one was stored but cannot be used
-    (``stacklevel``: of the warning, 4 for a call from a backend's ``_deploy``)."""
+    (``stacklevel``: of the warning, to point at the caller of the backend's ``deploy``)."""
     if package is None:
         return False
     reason = mismatch(saved_environment, libraries)

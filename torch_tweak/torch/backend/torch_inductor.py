@@ -108,7 +108,7 @@ class TorchInductorBackendConfig(BackendConfig):
         return unsafe_inductor_options(self.options)
 
 
-class TorchInductorBackend(Backend):
+class TorchInductorBackend(_warm_package.WarmLoads, Backend):
     """Runs the module's own forward compiled with ``torch.compile`` (Inductor), optionally under autocast.
 
     The compiled callable belongs to this backend only: ``deactivate`` drops it and never resets Dynamo or
@@ -186,12 +186,7 @@ class TorchInductorBackend(Backend):
     def _deactivate(self) -> None:
         self._compiled = None
 
-    def _deploy(self) -> None:
-        self._compiled = _warm_package.load_usable(self._warm, self._warm_environment, self._WARM_LIBRARIES, self.name,
-                                                   self._graph_spec, self._device)
-        if self._compiled is not None:
-            return
-        self._warm = None  # not used here, so not saved again either
+    def _deploy_cold(self) -> None:
         if self._module is not None and self._device is not None:
             self._module.to(self._device)
         self._compile([])

@@ -209,7 +209,7 @@ def _layer_types(module: nn.Module) -> dict[str, type]:
     return types
 
 
-class TorchAOBackend(Backend):
+class TorchAOBackend(_warm_package.WarmLoads, Backend):
     """Quantizes a copy of the module with torchao, compiles it with Inductor and warms it up at build."""
 
     requires_original_module = True
@@ -319,12 +319,7 @@ class TorchAOBackend(Backend):
     def _deactivate(self) -> None:
         self._compiled = None
 
-    def _deploy(self) -> None:
-        self._compiled = _warm_package.load_usable(self._warm, self._warm_environment, self._WARM_LIBRARIES, self.name,
-                                                   self._graph_spec, self._device)
-        if self._compiled is not None:
-            return
-        self._warm = None  # not used here, so not saved again either
+    def _deploy_cold(self) -> None:
         self._quantize()
         self._compile([])
 
