@@ -197,21 +197,21 @@ def _peer_table(path: Path, firsts: dict[str, dict]) -> list[str]:
     lines = [f"\nTuning peers from `{path.name}` (`{meta['command']}`, {meta['date']}, CPU {meta['cpu']}, "
              f"{meta['settings'].get('tune_samples', 8)} tuning samples): tuning seconds (peak RSS of the tuning "
              "process)", "",
-             "| workload | AITune | Model Navigator | torch_tweak (same run as the peers) | torch_tweak / fastest peer | "
-             "faster than the fastest peer | torch_tweak, this run's first (tuning process + worker RSS) |",
+             "| workload | AITune | Model Navigator | torch_tweak (same run as the peers) | torch_tweak, this run's first "
+             "(tuning process + worker RSS) | this run's first / fastest peer | faster than the fastest peer |",
              "|---|---|---|---|---|---|---|"]
     for workload, first in firsts.items():
         records = data["records"].get(workload)
         mine = (f"{first['wall_s']:.1f} ({first['peak_rss_mb']:.0f} + {first['worker_rss_mb']:.0f} MB)")
         if records is None:
-            lines.append(f"| {workload} | not in that file | | | | | {mine} |")
+            lines.append(f"| {workload} | not in that file | | | {mine} | | |")
             continue
         peers = [_peer_cell(records, key) for key, _ in PEERS]
-        tt_s, tt_cell = _peer_cell(records, "tt")
+        tt_cell = _peer_cell(records, "tt")[1]
         fastest = min((s for s, _ in peers if s is not None), default=None)
-        ratio = f"{tt_s / fastest:.2f}x" if tt_s and fastest else "–"
-        met = "–" if not (tt_s and fastest) else ("yes" if tt_s < fastest else "no")
-        lines.append(f"| {workload} | {peers[0][1]} | {peers[1][1]} | {tt_cell} | {ratio} | {met} | {mine} |")
+        ratio = f"{first['wall_s'] / fastest:.2f}x" if fastest else "–"
+        met = "–" if not fastest else ("yes" if first["wall_s"] < fastest else "no")
+        lines.append(f"| {workload} | {peers[0][1]} | {peers[1][1]} | {tt_cell} | {mine} | {ratio} | {met} |")
     return lines
 
 
