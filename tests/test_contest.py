@@ -29,6 +29,7 @@ from torch_tweak.torch.tune_strategy.contest import (
     _stored,
     block_cycles,
     contest_times,
+    median_ranges,
 )
 from torch_tweak.torch.tune_strategy.graph_probes import CONTEST_TIMES
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan
@@ -431,9 +432,9 @@ def test_a_contest_leaves_out_the_rounds_that_cannot_change_its_outcome(clock, t
 
 
 def test_later_blocks_of_a_contest_make_as_many_calls_as_the_first():
-    lowest, highest = contest_module.median_ranges([{4: [1.0, 2.0]}, {4: [3.0, 3.0, 3.0, 3.0]}], [1, 2])
+    lowest, highest = median_ranges([{4: [1.0, 2.0]}, {4: [3.0, 3.0, 3.0, 3.0]}], [1, 2])
     assert lowest == [{4: 1.0}, {4: 3.0}] and highest == [{4: 2.0}, {4: 3.0}]
-    lowest, highest = contest_module.median_ranges([{4: [1.0]}], [2])  # one call so far, two to come: anything
+    lowest, highest = median_ranges([{4: [1.0]}], [2])  # one call so far, two to come: anything
     assert lowest == [{4: 0.0}] and highest[0][4] > 1e29
 
 

@@ -12,12 +12,7 @@ A rival replaces the best only when it beats it in turns by :data:`MIN_WIN` on t
 graph's reason in the report gives the times either way; the result cache keeps them, so a rerun that reuses
 the measurements decides alike without timing anything.
 
-The last round is left out when it cannot change the outcome: every block after the first makes as many calls as
-the contender's first block did, so the calls still to come are known in number, and each median can then end
-anywhere between the median with all of them faster than every call so far and the median with all of them
-slower. When the winner (and the eager gate's verdict) come out the same at every end of those ranges, the
-rounds left could only move the reported times: on a BERT-base, the head-to-head of three int8 contenders at
-batch 32 timed 9 calls of about a second for a verdict the first 6 had settled.
+The last round is left out when it cannot change the outcome (``contest_outcome.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,6 +30,9 @@ from torch_tweak.torch.executor.base import Executor, Failure, Shared
 from torch_tweak.torch.module.spec import GraphSpec
 from torch_tweak.torch.profiling import ProfilingConfig, percentile
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task
+from torch_tweak.torch.tune_strategy.contest_outcome import MIN_WIN, Outcome, Times, median_ranges
+from torch_tweak.torch.tune_strategy.contest_outcome import beats as _beats
+from torch_tweak.torch.tune_strategy.contest_outcome import factor as _factor
 from torch_tweak.torch.tune_strategy.graph_probes import CONTEST_TIMES
 from torch_tweak.torch.tune_strategy.isolated import WorkerContext
 from torch_tweak.torch.tune_strategy.mixed_routes import CallCycle, Sent, sent, serve_in_worker
@@ -52,17 +49,12 @@ logger = logging.getLogger(__name__)
 CONTEST_WITHIN = 1.5  # rivals whose score the best beat by less than this factor are timed in turns with it
 MAX_RIVALS = 2  # at most this many rivals (the closest), so a contest costs a few blocks per candidate
 ROUNDS = 3  # timed blocks per contender
-MIN_WIN = 1.03  # a rival must beat the best in turns by this factor to replace it (no flapping between equals)
 _WARM_CYCLE_MAX_S = 0.05  # a block starts with an untimed cycle when one takes less (switching costs show there)
 #: Seconds each block waits first (at most ``ProfilingConfig.pause_s``), so the previous block's runtime's threads go
 #: idle: ONNX Runtime's spin for a while after a call, and a BERT-base's OpenVINO call at batch 1 that followed one
 #: took 168 against 145 ms (8 pairs each, 2-vCPU EPYC), and 145 ms after a 50 ms pause. An untimed cycle of short
 #: calls ends long before such threads do.
 BLOCK_PAUSE_S = 0.05
-_UNBOUNDED_MS = 1e30  # stands for "slower than every call so far" in the range a median can still reach
-
-#: Per contender, per batch size: milliseconds (the medians so far at their lowest and at their highest reach).
-Times = list[dict[int, float]]
 
 
 def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device, plan: Plan,
@@ -118,68 +110,17 @@ def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device
     return [{size: percentile(values, 50) for size, values in record.items()} for record in times]
 
 
-def median_ranges(times: list[dict[int, list[float]]], more: list[int]) -> tuple[Times, Times]:
-    """The lowest and the highest median each contender's calls at each size can reach after ``more[i]`` further
-    calls of contender ``i`` at each of its sizes: all of them faster than any so far, or all slower."""
-    lowest = [{size: percentile(values + [0.0] * k, 50) for size, values in record.items()}
-              for record, k in zip(times, more, strict=True)]
-    highest = [{size: percentile(values + [_UNBOUNDED_MS] * k, 50) for size, values in record.items()}
-               for record, k in zip(times, more, strict=True)]
-    return lowest, highest
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a head-to-head decides, so that its timing stops once the rounds left cannot change that.
-
-    A contest (``pairwise`` False): contender 0 is the best, the next ``rivals`` its rivals, and when ``gate`` is
-    set eager comes last and the winner's speed-up over it must reach ``gate``. A route (``pairwise``): contender 1
-    takes each batch size where its call takes :data:`MIN_WIN` times less than contender 0's."""
-
-    rivals: int = 1
-    gate: float | None = None
-    pairwise: bool = False
-
-    def rule(self, score: Callable[[dict[int, float]], float]) -> Callable[[Times, Times], bool]:
-        """``settled(lowest, highest)`` for :func:`contest_times`, scoring per-size times with ``score``."""
-        return lambda lowest, highest: self.settled(score, lowest, highest)
-
-    def settled(self, score: Callable[[dict[int, float]], float], lowest: Times, highest: Times) -> bool:
-        """Whether the decision comes out the same wherever in their ranges the medians end (scores only fall as
-        times grow)."""
-        if self.pairwise:
-            mine_low, theirs_low = lowest
-            mine_high, theirs_high = highest
-            return all(_beats(-theirs_high[s], -mine_low[s]) or not _beats(-theirs_low[s], -mine_high[s])
-                       for s in mine_low)
-        ranges = [(score(high), score(low)) for low, high in zip(lowest, highest, strict=True)]  # (worst, best)
-        best_worst, best_best = ranges[0]
-        rivals = range(1, 1 + self.rivals)
-        if not any(_beats(ranges[i][1], best_worst) for i in rivals):
-            winner = 0
-        else:
-            sure = [i for i in rivals if _beats(ranges[i][0], best_best)
-                    and all(ranges[i][0] > ranges[q][1] for q in rivals if q != i)]
-            if not sure:
-                return False
-            winner = sure[0]
-        if self.gate is None:
-            return True
-        eager_worst, eager_best = ranges[-1]
-        return _factor(ranges[winner][0], eager_best) >= self.gate or _factor(ranges[winner][1], eager_worst) < self.gate
-
-
 def block_cycles(profiling: ProfilingConfig) -> int:
     """The most cycles one block of a contest makes: ``profiling.max_calls`` shared by the :data:`ROUNDS` blocks."""
     return max(1, -(-profiling.max_calls // ROUNDS))
 
 
 def time_contest(context: WorkerContext, contenders: list[Sent], sizes: list[list[int]],
-                 plan: Plan, outcome: Outcome | None = None) -> Times:
+                 plan: Plan, decides: Outcome | None = None) -> Times:
     """In the worker: build the contenders again (or serve those it holds) and time them in turns
-    (:func:`contest_times`, until ``outcome`` is settled); the background worker does so at its normal priority."""
+    (:func:`contest_times`, until what it ``decides`` is settled); the background worker does so at its normal priority."""
     task, strategy = context.task, context.strategy
-    settled = outcome.rule(strategy._contest_score) if outcome is not None else None
+    settled = decides.rule(strategy._contest_score) if decides is not None else None
     with priority.normal():
         return serve_in_worker(context, contenders, lambda servings: contest_times(
             servings, task.graph_spec, task.device, plan, sizes, strategy.profiling, settled))
@@ -388,17 +329,6 @@ def _close_sizes(rival: Evaluation, chosen: Evaluation, sizes: list[int]) -> tup
             and theirs.throughput >= CONTEST_WITHIN * mine.throughput
         (clear if led else close).append(size)
     return close, clear
-
-
-def _beats(rival: float, best: float) -> bool:
-    return _factor(rival, best) >= MIN_WIN
-
-
-def _factor(rival: float, best: float) -> float:
-    """How many times better score ``rival`` is than ``best`` (scores are higher-is-better, of either sign)."""
-    if best > 0:
-        return rival / best
-    return best / rival if rival < 0 else float("inf")
 
 
 def _stored(stored: Any, key: str, sizes: list[list[int]]) -> list[dict[int, float]] | None:
