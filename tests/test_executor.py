@@ -234,6 +234,49 @@ class BuildLogged(TorchEagerBackend):
         return super()._build(module, graph_spec, data, cache_dir)
 
 
+class QuickToReload(BuildLogged):
+    """:class:`BuildLogged` that claims to load again from files quickly; logs its (de)activations as ``<event> <pid>``
+    lines."""
+
+    def reactivates_quickly(self):
+        return True
+
+    def _log(self, event):
+        with open(os.environ["BUILD_LOG"], "a") as log:
+            log.write(f"{event} {os.getpid()}\n")
+
+    def _activate(self):
+        self._log("activate")
+
+    def _deactivate(self):
+        self._log("deactivate")
+
+
+class SlowToReload(QuickToReload):
+    def reactivates_quickly(self):
+        return False
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_a_screened_candidate_waits_for_its_sweep_deactivated_when_it_reloads_quickly(tmp_path, monkeypatch, quick):
+    log = tmp_path / "events.txt"
+    monkeypatch.setenv("BUILD_LOG", str(log))
+    candidate = QuickToReload() if quick else SlowToReload()
+    strategy = tt.HighestThroughputStrategy([TorchEagerBackend(), candidate], profiling=FAST, eager_margin=10.0,
+                                            screening=True, screening_margin=0.99, reuse_results=False)
+    wrapped = tt.Module(mlp(), name="set_aside", strategy=strategy)
+    report = tt.tune(wrapped, DATA, batch_sizes=[1, 2, 4], executor="process")
+    row = next(r for r in report.module("set_aside").graphs[0].candidates if r.backend == candidate.describe())
+    assert row.measurements["batch_sizes"] == [1, 2, 4]  # screened at 1 and 4, then swept on the same build
+    events = [line.split()[0] for line in log.read_text().splitlines()]
+    worker = {line.split()[-1] for line in log.read_text().splitlines()}
+    assert len(worker) == 1 and str(os.getpid()) not in worker
+    if quick:  # set aside after screening, active again for the sweep, released after it
+        assert events == [str(next(iter(worker))), "deactivate", "activate", "deactivate"]
+    else:  # held as built (only its scratch freed) until released after its sweep
+        assert events == [str(next(iter(worker))), "deactivate"]
+
+
 def test_a_screened_candidate_is_swept_without_building_it_again(tmp_path, monkeypatch):
     log = tmp_path / "builds.txt"
     monkeypatch.setenv("BUILD_LOG", str(log))

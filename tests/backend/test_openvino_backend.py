@@ -355,6 +355,26 @@ def test_release_scratch_frees_buffers_and_the_next_call_allocates_again(tmp_pat
     backend.release_scratch()  # nothing compiled: nothing to free, no error
 
 
+def test_reactivating_a_build_compiles_from_its_own_blobs_and_a_loaded_ir_from_the_cache(tmp_path: Path) -> None:
+    factory, calls = MODELS["mlp"]
+    model = factory()
+    with torch.no_grad():
+        ((spec, samples),) = record(model, calls())
+    backend = OpenVINOBackend(OpenVINOBackendConfig(**F32))
+    backend.build(model, spec, [s.sample for s in samples], CPU, tmp_path / "build" / "candidate")
+    assert backend.reactivates_quickly()
+    own_blobs, cached_blobs = tmp_path / "build" / "candidate" / "openvino_model_cache", tt.config.cache_dir / "openvino_model_cache"
+    blobs = sorted(own_blobs.iterdir())
+    backend.deactivate()
+    backend.activate()  # a strategy set it aside; its blob beside the IR serves, nothing lands in the user's cache
+    assert_close(backend.infer(*samples[0].args), samples[0].outputs)
+    assert sorted(own_blobs.iterdir()) == blobs and not cached_blobs.exists()
+    loaded = OpenVINOBackend.from_dict(None, backend.to_dict())
+    loaded.activate()  # an IR from a checkpoint: compiled into torch_tweak's cache, never beside the IR
+    assert_close(loaded.infer(*samples[0].args), samples[0].outputs)
+    assert any(cached_blobs.iterdir()) and sorted(own_blobs.iterdir()) == blobs
+
+
 def test_default_precision_is_reported(tmp_path: Path) -> None:
     backend, _, samples, _ = build("encoder", tmp_path)
     expected = backend._compiled_model.get_property("INFERENCE_PRECISION_HINT").to_string()

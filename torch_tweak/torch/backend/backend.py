@@ -113,6 +113,13 @@ class Backend(ABC):
         (Inductor's) and times nothing: a process executor builds it ahead in a background worker (``ahead.py``)."""
         return False
 
+    def reactivates_quickly(self) -> bool:
+        """True if :meth:`activate` after :meth:`deactivate` loads the built artifact again from its files in about a
+        second (no compiling from PyTorch): a strategy then deactivates a candidate that waits for a later measurement
+        rather than keep its runtime in memory. By default :attr:`rebuilds_from_files` (what a build reuses, an
+        activation loads too); a backend whose activation loads what a build would compile says so here."""
+        return type(self).rebuilds_from_files
+
     def outputs_key(self) -> str | None:
         """A key shared by the configurations of this backend that compute the same outputs from the same artifact
         and differ only in how calls are scheduled (:attr:`BackendConfig.scheduling_settings`, e.g. OpenVINO's

@@ -94,6 +94,10 @@ class BatchRouterBackend(Backend):
         """The router and every route's backend, with what those delegate to (e.g. a guard's inner backend)."""
         return [self, *(c for backend in self._backends for c in backend.components())]
 
+    def reactivates_quickly(self) -> bool:
+        """True if every route's backend reactivates quickly."""
+        return all(backend.reactivates_quickly() for backend in self._backends)
+
     @property
     def executed_precision(self) -> str:
         """The routes' precisions, ``/``-separated when they differ (``fp32/bf16``)."""

@@ -154,6 +154,10 @@ class NonFiniteGuardBackend(Backend):
         """The guard and the inner backend's components."""
         return [self, *self._inner.components()]
 
+    def reactivates_quickly(self) -> bool:
+        """The inner backend's (the guard itself holds nothing to load)."""
+        return self._inner.reactivates_quickly()
+
     def key(self) -> str:
         """Class name and a hash of the inner backend's key."""
         return f"{self.__class__.__name__}_{hash_string(self._inner.key())}"

@@ -147,6 +147,10 @@ class TorchInductorAOTBackend(Backend):
         except Exception as exc:
             raise build_failure(f"Loading the AOTInductor package {self._package} failed", exc, None) from exc
 
+    def reactivates_quickly(self) -> bool:
+        """True: the compiled package loads again from its file (a build would compile it again)."""
+        return True
+
     def _activate(self) -> None:
         if self._runner is None:
             self._load()

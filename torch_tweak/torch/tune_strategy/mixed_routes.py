@@ -34,7 +34,7 @@ from torch_tweak.torch.profiling import ProfilingConfig, device_sync, percentile
 from torch_tweak.torch.report.report import CandidateReport, GraphReport
 from torch_tweak.torch.tune_strategy.base import GraphTask, describe_task, release_quietly
 from torch_tweak.torch.tune_strategy.graph_probes import MIXED_CALL_TIMES
-from torch_tweak.torch.tune_strategy.isolated import WorkerContext
+from torch_tweak.torch.tune_strategy.isolated import WorkerContext, take_kept
 from torch_tweak.torch.tune_strategy.results import Evaluation, Plan, unbuilt
 from torch_tweak.torch.tune_strategy.routing import Routes, batch_routes, runtime_of, serving_of
 from torch_tweak.utils import pause
@@ -234,7 +234,7 @@ def serve_in_worker(context: WorkerContext, routings: list[Sent], time: Callable
         for routing in routings:
             for _, template, role, row in routing:
                 if template.key() not in built and template.key() in context.kept:
-                    built[template.key()] = context.kept.pop(template.key())
+                    built[template.key()] = take_kept(context, template.key())  # type: ignore[assignment]
                 elif template.key() not in built:
                     private = replace(task, report=GraphReport(name=task.report.name))
                     built[template.key()], rebuilt = strategy.try_backend(template, private, role, confirm=True,

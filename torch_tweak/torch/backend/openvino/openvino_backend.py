@@ -152,6 +152,7 @@ class OpenVINOBackend(Backend):
         self._compiled_model: Any = None
         self._runner: Runner | None = None
         self._precision: str | None = None
+        self._built_here = False  # the IR is this process's build (its blobs beside it), not a checkpoint's
 
     @property
     def executed_precision(self) -> str:
@@ -245,6 +246,7 @@ class OpenVINOBackend(Backend):
         shared = sorted(p / IR_DIR_NAME for p in siblings if p != cache_dir)
         self._ov_model_xml = convert(module, graph_spec, data, self._config.use_dynamo, self._ov_model_dir,
                                      ir_settings, transform, shared, base)
+        self._built_here = True
         self._compile(building=True)
         return self
 
@@ -309,7 +311,7 @@ class OpenVINOBackend(Backend):
             # On CPUs with VNNI/AMX the plugin otherwise quantizes the activations of compressed-weight layers to
             # int8 at run time (groups of 32), which one outlier channel ruins: weights-only must mean weights only.
             config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
-        cache = _model_cache_dir(xml, building)
+        cache = _model_cache_dir(xml, self._built_here)
         if cache is not None:
             config["CACHE_DIR"] = str(cache)
         try:
@@ -362,12 +364,13 @@ class OpenVINOBackend(Backend):
         return backend
 
 
-def _model_cache_dir(xml: Path, building: bool) -> Path | None:
-    """Where OpenVINO keeps compiled blobs: beside the IR folder while tuning (the build folder), and in
-    torch_tweak's own cache for an IR from a checkpoint, never inside the extracted checkpoint (whose
-    members a stranger chose). None when there is no writable place (compiling then takes longer)."""
+def _model_cache_dir(xml: Path, own_build: bool) -> Path | None:
+    """Where OpenVINO keeps compiled blobs: beside the IR folder of this process's build (also when it is activated
+    again after a strategy set it aside), and in torch_tweak's own cache for an IR from a checkpoint, never inside
+    the extracted checkpoint (whose members a stranger chose). None when there is no writable place (compiling then
+    takes longer)."""
     try:
-        return secure_mkdir(xml.parent.parent / OPENVINO_BLOBS) if building else cache_folder(OPENVINO_BLOBS)
+        return secure_mkdir(xml.parent.parent / OPENVINO_BLOBS) if own_build else cache_folder(OPENVINO_BLOBS)
     except (ConfigError, OSError) as exc:
         logger.debug("No OpenVINO model cache for %s: %s", xml, exc)
         return None
