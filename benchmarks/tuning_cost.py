@@ -114,7 +114,10 @@ def _peer_workload(workload: str, weights: bool = True) -> tuple:
 
 
 def serve(workload: str, cache: str) -> None:
-    """Load the checkpoint the first run saved into a fresh model and run it: the serving process's peak RSS."""
+    """Load the checkpoint the first run saved into a fresh model and serve what the peers' harness serves: the
+    serving process's peak RSS. A peer workload is called twice at each batch size ``benchmarks/peers.py --full``
+    measures (1 and 32: a runtime's buffers for the largest batch are part of serving it), a demo model on its
+    samples at batch 1."""
     import torch
 
     import torch_tweak.torch as tt
@@ -122,15 +125,19 @@ def serve(workload: str, cache: str) -> None:
     from torch_tweak.tiny_models import small_encoder
 
     if workload in PEER_WORKLOADS:  # random weights: the checkpoint brings its own
-        model, data = _peer_workload(workload, weights=False)[:2]
-        data = data[:4]
-    else:
-        model, data = small_cnn() if workload == "demo_cnn" else small_encoder()
-    loaded = tt.load(model, Path(cache) / f"{workload}.tt", trust_native_code=True)
-    from torch_tweak.torch.dataset import dataset_items, iter_batches
+        model = _peer_workload(workload, weights=False)[0]  # puts benchmarks/peers on the path too
+        from peers import systems, workloads
 
+        inputs = workloads.load_inputs(Path(os.environ[PEER_RUN_DIR]), workload)
+        calls = [((inputs[str(size)],), {}) for size in systems.FULL.batches[workload] for _ in range(2)]
+    else:
+        from torch_tweak.torch.dataset import dataset_items, iter_batches
+
+        model, data = small_cnn() if workload == "demo_cnn" else small_encoder()
+        calls = list(iter_batches(dataset_items(data), 1))
+    loaded = tt.load(model, Path(cache) / f"{workload}.tt", trust_native_code=True)
     with torch.no_grad():
-        for args, kwargs in iter_batches(dataset_items(data), 1):
+        for args, kwargs in calls:
             loaded(*args, **kwargs)
     print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
@@ -161,6 +168,16 @@ def _run(workload: str, cache: str, executor: str, kill_after: float | None = No
         raise SystemExit(f"{workload}: the tuning process failed ({proc.returncode}); the end of its stderr:\n{tail}")
     errors.close()
     return json.loads(out.strip().splitlines()[-1])
+
+
+def serving_calls(workload: str) -> str:
+    """What the serving process of ``workload`` calls (:func:`serve`), for the table."""
+    if workload not in PEER_WORKLOADS:
+        return "its samples at batch 1"
+    sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "peers")]
+    from peers import systems
+
+    return "2 calls at batch " + " and ".join(map(str, systems.FULL.batches[workload]))
 
 
 def _serve(workload: str, cache: str) -> dict:
@@ -268,7 +285,7 @@ def main() -> None:
                          f"{result['peak_rss_mb']:.0f} | {result['worker_rss_mb']:.0f} | "
                          f"{result['reused']}/{result['candidates']} | "
                          f"{result['chosen']} ({result['chosen_throughput'] or 0:,.0f}/s) |")
-        lines.append(f"| {workload} | serving (tt.load of the first run's checkpoint, 4 calls) | | | "
+        lines.append(f"| {workload} | serving (tt.load of the first run's checkpoint, {serving_calls(workload)}) | | | "
                      f"{serving['peak_rss_mb']:.0f} | | | |")
     peer_firsts = {w: r for w, r in firsts.items() if w in PEER_WORKLOADS}
     if peer_firsts:

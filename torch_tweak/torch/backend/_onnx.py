@@ -180,6 +180,8 @@ def quantize_int8_dynamic(source: Path, target: Path, log_dir: Path | None, *, p
     model = onnx.load(str(source))
     large = any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     rewritten = _gemm_to_matmul(model)
+    if not rewritten:  # the quantizer loads the file itself: a second copy of the float weights meanwhile (BERT-base: 440 MB)
+        model = None
     reduce_range = environment.int8_dot_saturates()
     if reduce_range:
         logger.info("INT8 weights of %s take 7 bits: this CPU has no VNNI or AMX, and its int8 kernels saturate "
