@@ -277,6 +277,19 @@ def test_a_screened_candidate_waits_for_its_sweep_deactivated_when_it_reloads_qu
         assert events == [str(next(iter(worker))), "deactivate"]
 
 
+@pytest.mark.parametrize("quick", [True, False])
+def test_a_candidate_set_aside_warms_up_again_before_its_next_measurement(quick):
+    from torch_tweak.torch.tune_strategy import warm_calls
+    from torch_tweak.torch.tune_strategy.isolated import set_aside
+
+    backend = QuickToReload() if quick else SlowToReload()
+    x = torch.randn(2, 8)
+    warm_calls.note(backend, (x,), {}, seconds=10.0)
+    assert warm_calls.warm(backend, (x,), {}, at_least_s=1.0)
+    set_aside(backend)  # deactivated (quick) or its buffers freed: either way the next call at this shape is cold
+    assert not warm_calls.warm(backend, (x,), {}, at_least_s=1.0)
+
+
 def test_a_screened_candidate_is_swept_without_building_it_again(tmp_path, monkeypatch):
     log = tmp_path / "builds.txt"
     monkeypatch.setenv("BUILD_LOG", str(log))

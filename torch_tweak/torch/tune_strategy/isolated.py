@@ -102,11 +102,11 @@ def set_aside(backend: Backend) -> None:
     """Hold as little of a kept candidate as its next use allows: its runtime deactivated when it loads again from
     its files in about a second (:meth:`Backend.reactivates_quickly`), else only its scratch buffers freed. A
     BERT-base's worker otherwise held two bf16 and two int8 OpenVINO models (2.4 GB with their batch-32 buffers)
-    while NNCF and ONNX Runtime's quantizer ran beside them; :func:`take_kept` makes it ready again."""
+    while NNCF and ONNX Runtime's quantizer ran beside them; :func:`take_kept` makes it ready again. Either way its
+    shapes count as cold again (``warm_calls.py``): the next measurement warms them up first."""
+    release_scratch(backend)
     if backend.reactivates_quickly():
         release_quietly(backend)
-    else:
-        release_scratch(backend)
 
 
 def take_kept(context: WorkerContext, key: str) -> Backend | None:
