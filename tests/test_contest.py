@@ -402,19 +402,19 @@ def test_a_head_to_head_without_a_held_contender_runs_in_the_worker():
     assert ahead.ran == [] and executor.submitted == ["module 'm' graph 0: head-to-head"]
 
 
-def _timed_in_turns(clock, tmp_path, a: dict[str, float], b: dict[str, float], outcome: Outcome | None):
-    """Time backends ``a`` and ``b`` (TimedBackend fields) in turns at batch 4, one 125 ms-ish call per block; the calls
+def _timed_in_turns(clock, tmp_path, *contenders: dict[str, float], outcome: Outcome | None):
+    """Time backends with these TimedBackend fields in turns at batch 4, one 125 ms-ish call per block; the calls
     each made, warm-up included."""
     model = mlp()
     ((spec, samples),) = record(model, [(4, ((torch.randn(4, 8),), {}))])
-    backends = [TimedBackend(clock, label=label, **fields) for label, fields in (("a", a), ("b", b))]
+    backends = [TimedBackend(clock, label=f"c{i}", **fields) for i, fields in enumerate(contenders)]
     for backend in backends:
         backend.build(model, spec, [s.sample for s in samples], torch.device("cpu"), tmp_path / backend.key())
     profiling = ProfilingConfig(clock=clock, pause_s=0, min_time_s=0, max_calls=1000, max_time_s=0.1)
     plan = Plan(batch_sizes=[4], batched=False, sample=samples[0].sample)
     score = tt.HighestThroughputStrategy()._contest_score
-    settled = outcome.rule(score) if outcome is not None else None
-    times = contest_times(backends, spec, torch.device("cpu"), plan, [[4], [4]], profiling, settled)
+    needed = outcome.rule(score) if outcome is not None else None
+    times = contest_times(backends, spec, torch.device("cpu"), plan, [[4]] * len(backends), profiling, needed)
     return times, [backend.calls for backend in backends]
 
 
@@ -426,9 +426,28 @@ def _timed_in_turns(clock, tmp_path, a: dict[str, float], b: dict[str, float], o
 def test_a_contest_leaves_out_the_rounds_that_cannot_change_its_outcome(clock, tmp_path, b_ms, outcome, rounds):
     # a's calls alternate 120 and 130 ms (jitter), so after two rounds its median can end anywhere in between
     times, calls = _timed_in_turns(clock, tmp_path, {"ms_per_call": 125.0, "jitter_ms": 5.0}, {"ms_per_call": b_ms},
-                                   outcome)
+                                   outcome=outcome)
     assert calls == [1 + rounds] * 2  # the warm-up call, then one call per block
     assert times[1] == {4: pytest.approx(b_ms)}
+
+
+def test_a_contest_leaves_out_eager_once_the_gate_is_settled_while_the_winner_is_not(clock, tmp_path):
+    # a (120-130 ms) and b (124 ms) are too close to call after two rounds; eager (400 ms) fails the gate whatever comes
+    times, calls = _timed_in_turns(clock, tmp_path, {"ms_per_call": 125.0, "jitter_ms": 5.0}, {"ms_per_call": 124.0},
+                                   {"ms_per_call": 400.0}, outcome=Outcome(rivals=1, gate=1.05))
+    assert calls == [4, 4, 3]  # the warm-up call, then one per block: eager's third block is left out
+    assert times[2] == {4: pytest.approx(400.0)}
+
+
+def test_a_rival_that_cannot_win_is_left_out_while_the_others_are_timed():
+    lowest = [{1: 1.0}, {1: 0.97}, {1: 2.0}]  # ms: the best, a close rival, one at half the best's speed at most
+    highest = [{1: 1.05}, {1: 1.02}, {1: 2.1}]
+    assert Outcome(rivals=2).needed(_THROUGHPUT, lowest, highest) == [True, True, False]
+    gated = Outcome(rivals=1, gate=1.05)  # eager (last) at 3 ms: the gate passes for either possible winner
+    assert gated.needed(_THROUGHPUT, [{1: 1.0}, {1: 0.97}, {1: 3.0}], [{1: 1.05}, {1: 1.02}, {1: 3.2}]) == [
+        True, True, False]
+    sure = [{1: 1.0}, {1: 0.5}, {1: 0.58}]  # the rival wins whatever comes; eager's verdict on it is still open
+    assert gated.needed(_THROUGHPUT, sure, [{1: 1.0}, {1: 0.6}, {1: 0.7}]) == [False, True, True]
 
 
 def test_later_blocks_of_a_contest_make_as_many_calls_as_the_first():

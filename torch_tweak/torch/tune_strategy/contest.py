@@ -59,7 +59,7 @@ BLOCK_PAUSE_S = 0.05
 
 def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device, plan: Plan,
                   sizes: Sequence[Sequence[int]], profiling: ProfilingConfig,
-                  settled: Callable[[Times, Times], bool] | None = None) -> Times:
+                  needed: Callable[[Times, Times], list[bool]] | None = None) -> Times:
     """For each of ``backends``: the median milliseconds of one call at each of its ``sizes`` (one list per backend),
     timed in up to :data:`ROUNDS` rounds of blocks, one block per backend and round, the order rotating from round to
     round.
@@ -70,8 +70,10 @@ def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device
     not timed for seconds (an MLP 256-512-256 spent 5 of its 30 s of tuning in three 0.5 s blocks of 40 µs calls per
     contender). Each block starts after a pause of :data:`BLOCK_PAUSE_S` (the previous backend's threads going idle)
     and, when a cycle is short, with an untimed cycle (cold caches), so neither falls on a timed call. After each
-    round but the last, ``settled(lowest, highest)`` gets the range each median can still reach
-    (:func:`median_ranges`); when it returns True, the rounds left are not run.
+    round but the last, ``needed(lowest, highest)`` gets the range each median can still reach
+    (:func:`median_ranges`) and says whose further blocks can still change the outcome: the others' blocks are left
+    out (an eager gate settled while the winner is not: eager, the slowest, no longer runs), and the rounds left once
+    no one's can.
     """
     made: dict[tuple[int, ...], CallCycle] = {}  # contenders timed at the same sizes share their inputs
     cycles = []
@@ -87,8 +89,11 @@ def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device
         short = [cycle(backend, None) < _WARM_CYCLE_MAX_S  # also the warm-up
                  for cycle, backend in zip(cycles, backends, strict=True)]
         counts: list[int] = []  # cycles per block, as each contender's first block made them
+        going = [True] * len(backends)  # whose blocks can still change the outcome
         for r in range(ROUNDS):
             for i in [(r + j) % len(backends) for j in range(len(backends))]:
+                if not going[i]:
+                    continue
                 if settle > 0:
                     time.sleep(settle)
                 if short[i]:
@@ -104,9 +109,12 @@ def contest_times(backends: list[Backend], spec: GraphSpec, device: torch.device
                 if not r:
                     counts.append(made_here)
             left = ROUNDS - 1 - r
-            if settled is not None and left and settled(*median_ranges(times, [c * left for c in counts])):
-                logger.debug("head-to-head: %d of %d rounds; the rest could not change the outcome", r + 1, ROUNDS)
-                break
+            if needed is not None and left:
+                more = [c * left if on else 0 for c, on in zip(counts, going, strict=True)]
+                going = [on and still for on, still in zip(going, needed(*median_ranges(times, more)), strict=True)]
+                if not any(going):
+                    logger.debug("head-to-head: %d of %d rounds; the rest could not change the outcome", r + 1, ROUNDS)
+                    break
     return [{size: percentile(values, 50) for size, values in record.items()} for record in times]
 
 
@@ -120,10 +128,10 @@ def time_contest(context: WorkerContext, contenders: list[Sent], sizes: list[lis
     """In the worker: build the contenders again (or serve those it holds) and time them in turns
     (:func:`contest_times`, until what it ``decides`` is settled); the background worker does so at its normal priority."""
     task, strategy = context.task, context.strategy
-    settled = decides.rule(strategy._contest_score) if decides is not None else None
+    needed = decides.rule(strategy._contest_score) if decides is not None else None
     with priority.normal():
         return serve_in_worker(context, contenders, lambda servings: contest_times(
-            servings, task.graph_spec, task.device, plan, sizes, strategy.profiling, settled))
+            servings, task.graph_spec, task.device, plan, sizes, strategy.profiling, needed))
 
 
 class Contests:

@@ -45,33 +45,42 @@ class Outcome:
     gate: float | None = None
     pairwise: bool = False
 
-    def rule(self, score: Callable[[dict[int, float]], float]) -> Callable[[Times, Times], bool]:
-        """``settled(lowest, highest)`` for :func:`contest_times`, scoring per-size times with ``score``."""
-        return lambda lowest, highest: self.settled(score, lowest, highest)
+    def rule(self, score: Callable[[dict[int, float]], float]) -> Callable[[Times, Times], list[bool]]:
+        """``needed(lowest, highest)`` for :func:`contest_times`, scoring per-size times with ``score``."""
+        return lambda lowest, highest: self.needed(score, lowest, highest)
 
     def settled(self, score: Callable[[dict[int, float]], float], lowest: Times, highest: Times) -> bool:
         """Whether the decision comes out the same wherever in their ranges the medians end (scores only fall as
         times grow)."""
+        return not any(self.needed(score, lowest, highest))
+
+    def needed(self, score: Callable[[dict[int, float]], float], lowest: Times, highest: Times) -> list[bool]:
+        """Per contender, whether its further calls can still change the decision, wherever in their ranges the
+        medians end (all False: settled). A rival that cannot beat the best even at its fastest never wins, nor
+        decides which rival does (one that beats the best is faster than it); eager matters only while the gate's
+        verdict is open for a contender that may still win; the best only while a rival may win, or for the gate.
+        A contender left out keeps the median it has, which lies in its range: the decision is one its further
+        calls could have given."""
         if self.pairwise:
             mine_low, theirs_low = lowest
             mine_high, theirs_high = highest
-            return all(beats(-theirs_high[s], -mine_low[s]) or not beats(-theirs_low[s], -mine_high[s])
-                       for s in mine_low)
+            settled = all(beats(-theirs_high[s], -mine_low[s]) or not beats(-theirs_low[s], -mine_high[s])
+                          for s in mine_low)
+            return [not settled, not settled]
         ranges = [(score(high), score(low)) for low, high in zip(lowest, highest, strict=True)]  # (worst, best)
         best_worst, best_best = ranges[0]
         rivals = range(1, 1 + self.rivals)
-        if not any(beats(ranges[i][1], best_worst) for i in rivals):
-            winner = 0
-        else:
-            sure = [i for i in rivals if beats(ranges[i][0], best_best)
-                    and all(ranges[i][0] > ranges[q][1] for q in rivals if q != i)]
-            if not sure:
-                return False
-            winner = sure[0]
-        if self.gate is None:
-            return True
-        eager_worst, eager_best = ranges[-1]
-        return factor(ranges[winner][0], eager_best) >= self.gate or factor(ranges[winner][1], eager_worst) < self.gate
+        open_rivals = [i for i in rivals if beats(ranges[i][1], best_worst)]
+        sure = [i for i in open_rivals if beats(ranges[i][0], best_best)
+                and all(ranges[i][0] > ranges[q][1] for q in rivals if q != i)]
+        winners = [0] if not open_rivals else sure[:1] or [0, *open_rivals]
+        needed = [len(winners) > 1 and i in winners for i in range(len(ranges))]
+        if self.gate is not None:
+            eager_worst, eager_best = ranges[-1]
+            gate = self.gate
+            if any(factor(ranges[w][0], eager_best) < gate <= factor(ranges[w][1], eager_worst) for w in winners):
+                needed = [need or i in winners or i == len(ranges) - 1 for i, need in enumerate(needed)]
+        return needed
 
 
 def beats(rival: float, best: float) -> bool:
