@@ -114,10 +114,8 @@ class Backend(ABC):
         return False
 
     def reactivates_quickly(self) -> bool:
-        """True if :meth:`activate` after :meth:`deactivate` loads the built artifact again from its files in about a
-        second (no compiling from PyTorch): a strategy then deactivates a candidate that waits for a later measurement
-        rather than keep its runtime in memory. By default :attr:`rebuilds_from_files` (what a build reuses, an
-        activation loads too); a backend whose activation loads what a build would compile says so here."""
+        """True if :meth:`activate` after :meth:`deactivate` loads the artifact from its files in about a second: a
+        waiting candidate is then deactivated, not kept in memory. Default: :attr:`rebuilds_from_files`."""
         return type(self).rebuilds_from_files
 
     def outputs_key(self) -> str | None:
@@ -179,14 +177,8 @@ class Backend(ABC):
 
     # state machine ----------------------------------------------------------------------------
 
-    def build(
-        self,
-        module: nn.Module,
-        graph_spec: GraphSpec,
-        data: list[Sample],
-        device: torch.device,
-        cache_dir: Path,
-    ) -> Backend:
+    def build(self, module: nn.Module, graph_spec: GraphSpec, data: list[Sample], device: torch.device,
+              cache_dir: Path) -> Backend:
         """Build the model with the given arguments.
 
         Building a backend should be idempotent i.e. do not cause side effects. A model is not necessarily pure
