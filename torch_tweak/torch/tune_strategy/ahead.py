@@ -38,6 +38,7 @@ from torch_tweak.torch.tune_strategy.isolated import (
     evaluate_candidate,
     forget_built,
     keep_only,
+    pause_groups,
     sweep_candidate,
 )
 from torch_tweak.torch.tune_strategy.result_cache import ResultCache
@@ -52,8 +53,9 @@ class BuildsAhead:
     """The background builds of one graph's candidates, by backend key."""
 
     def __init__(self, background: Background, shared: Shared, tickets: dict[str, int], task: GraphTask,
-                 time_limit_s: float | None, hold_swept: bool = False) -> None:
+                 time_limit_s: float | None, hold_swept: bool = False, executor: Executor | None = None) -> None:
         self._background = background
+        self._executor = executor  # runs the main worker's units (None: the background worker is never replaced)
         self._shared = shared
         self._tickets = tickets
         self._task = task
@@ -154,19 +156,46 @@ class BuildsAhead:
 
     def stop(self, template: Backend) -> bool:
         """A stand-in rule skips ``template`` before its turn: its background build is dropped now (dequeued,
-        released, or stopped while it runs), unless stopping it would kill the worker with another build queued or
-        kept there; it then runs on and its turn drops it (:meth:`skipped`). Queued units stay held. Returns
-        whether it was dropped."""
+        released, or stopped while it runs; queued units stay held), unless stopping it would kill the worker while
+        it keeps a candidate. A running build with others queued after it is stopped with its worker, and a new
+        worker (in a new process group, which the measurements of both processes pause from then on) builds those:
+        on a slow 2-core host an MLP's TorchAO build ran on until its turn skipped it, and Inductor, queued behind it,
+        was then built in its own turn for 16 s of a 53 s tuning. Without a way to tell the main worker, that
+        build runs on and its turn drops it (:meth:`skipped`). Returns whether it was dropped."""
         ticket = self._tickets.get(template.key())
         running = ticket is not None and self._background.running(ticket)
-        if ticket is None or (running and (self._kept or len(self._tickets) > 1)):
+        others = running and len(self._tickets) > 1
+        if ticket is None or (running and (self._kept or self._held)) or (others and self._executor is None):
             return False
         del self._tickets[template.key()]
         built = not running and self._background.started(ticket)
-        self._background.drop(ticket)
+        self._background.drop(ticket, replace=others)
         if built:
             self._forget_built([template.key()])
+        if others:
+            self._background.resume()  # the next build starts now, in the new worker
+            self._follow_group()
         return True
+
+    def _follow_group(self) -> None:
+        """Pause the group of the new background worker instead of the old one's, here and in the main worker (before
+        its next unit: nothing is submitted meanwhile); without a group to pause, no further build runs ahead."""
+        old, new = self.group, self._background.group
+        if old is not None:
+            pause.release([old])
+        self.group = new
+        if new is None:
+            self._background.close()
+            return
+        pause.hold([new])
+        if self._shared.context is not None:
+            self._shared.context.paused = (new,)  # for a main worker that receives the context from now on
+        if self._executor is not None:
+            outcome = self._executor.submit(self._shared, pause_groups, ((new,),), time_limit_s=self._time_limit_s,
+                                            label=f"{describe_task(self._task)}: pausing the new background worker")
+            if isinstance(failed := outcome.result(), Failure):  # a replaced main worker gets the context's groups
+                logger.info("%s: the main worker was not told the new background worker's group (%s)",
+                            describe_task(self._task), failed.message)
 
     def skipped(self, template: Backend) -> None:
         """``template`` will not be built: its background build is dropped (a running one is stopped)."""
@@ -214,7 +243,7 @@ def start_builds_ahead(strategy: Any, task: GraphTask, executor: Executor | None
         background.close()
         return None
     ahead = BuildsAhead(background, shared, tickets, task, strategy.candidate_time_limit_s,
-                        hold_swept=bool(getattr(strategy, "_contested", False)))
+                        hold_swept=bool(getattr(strategy, "_contested", False)), executor=executor)
     if ahead.group is None:  # no /proc to tell the worker's start time: its group could not be paused safely
         logger.info("%s: no background builds (this system does not show process start times)", describe_task(task))
         ahead.close()
