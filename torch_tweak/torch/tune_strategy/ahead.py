@@ -19,7 +19,9 @@ twins skip them: there is nothing to overlap; a BERT-base rerun started and stop
 the stand-in rules then skipped), and those a stand-in rule skips whatever the others measure (TorchAO on a graph
 whose ``nn.Linear`` layers do almost nothing; the background worker decides that, as it runs the module). In a candidate's turn the strategy waits for its background build
 if that has started, drops it if it has not (the candidate is then built in its turn from scratch), and drops
-it when a stand-in rule skips the candidate. What a background build does not finish (a failure, a crash, its
+it when a stand-in rule skips the candidate, as soon as the rule applies (a running build is stopped with its
+worker; a new worker, whose group both workers then pause, builds those queued after it:
+:meth:`BuildsAhead.stop`). What a background build does not finish (a failure, a crash, its
 time limit) costs only its head start: the build in turn reports what goes wrong.
 """
 
@@ -160,8 +162,9 @@ class BuildsAhead:
         it keeps a candidate. A running build with others queued after it is stopped with its worker, and a new
         worker (in a new process group, which the measurements of both processes pause from then on) builds those:
         on a slow 2-core host an MLP's TorchAO build ran on until its turn skipped it, and Inductor, queued behind it,
-        was then built in its own turn for 16 s of a 53 s tuning. Without a way to tell the main worker, that
-        build runs on and its turn drops it (:meth:`skipped`). Returns whether it was dropped."""
+        was then built in its own turn (16.3 s; 2.5 s waited for its build ahead with a new worker). Without a way
+        to tell the main worker, that build runs on and its turn drops it (:meth:`skipped`). Returns whether it was
+        dropped."""
         ticket = self._tickets.get(template.key())
         running = ticket is not None and self._background.running(ticket)
         others = running and len(self._tickets) > 1
