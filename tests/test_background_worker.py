@@ -127,24 +127,6 @@ def test_a_dropped_queued_unit_never_runs_and_a_dropped_running_one_stops_the_wo
     assert isinstance(outcome, Failure) and "not started" in outcome.message
 
 
-def test_a_running_unit_dropped_with_replace_leaves_the_queued_ones_to_a_new_worker_in_a_new_group(background):
-    shared = Shared(7, {})
-    running = background.start(shared, _sleep, (60,), "sleeps")
-    queued = background.start(shared, _group_and_nice, (), "queued")
-    old = background.group[0]
-    deadline = time.monotonic() + 60
-    while _state(old) != "S" and time.monotonic() < deadline:  # imported, and sleeping in the unit
-        time.sleep(0.05)
-    background.drop(running, replace=True)
-    assert not os.path.exists(f"/proc/{old}") or _state(old) in "ZX"
-    new = background.group
-    assert new is not None and new[0] != old
-    outcome = background.wait(queued, 120)
-    assert isinstance(outcome, Done)
-    pgid, pid, nice = outcome.value
-    assert pgid == pid == new[0] and nice == LOWEST  # a group of its own, which the caller pauses from now on
-
-
 def test_a_background_crash_fails_its_unit_and_the_units_queued_after_it(background):
     shared = Shared(3, {})
     crash = background.start(shared, _abort, (), "aborts")

@@ -315,37 +315,20 @@ class _Background:
     def running(self, ticket: int) -> bool:
         return ticket == self.now
 
-    def drop(self, ticket: int, replace: bool = False) -> None:
-        self.calls.append(("drop", ticket, "replace") if replace else ("drop", ticket))
-        if replace:
-            self.now, self.group = None, (4242, 7)  # a new worker, leading a new group
+    def drop(self, ticket: int) -> None:
+        self.calls.append(("drop", ticket))
 
     def resume(self) -> None:
         self.calls.append(("resume",))
 
 
-class _MainWorker:
-    """An executor whose units run at once in this process, on ``context``: the main worker of a fake tuning."""
-
-    def __init__(self) -> None:
-        self.units = []
-
-    def submit(self, shared, fn, args, *, time_limit_s, label):
-        from torch_tweak.torch.executor import Done
-
-        self.units.append(fn.__name__)
-        value = fn(shared.context, *args)
-        return type("Ran", (), {"result": lambda _: Done(value, "main")})()
-
-
-def _ahead(background: _Background, *names: str, executor=None, context=None):
+def _ahead(background: _Background, *names: str):
     from torch_tweak.torch.tune_strategy.ahead import BuildsAhead
 
     templates = [BuildsLoggedBackend(name=name) for name in names]
     task = type("Task", (), {"module_name": "m", "graph_spec": type("Spec", (), {"name": "0"})()})()
     tickets = {t.key(): i for i, t in enumerate(templates, start=1)}
-    return BuildsAhead(background, Shared(token=1, context=context), tickets, task, None,
-                       executor=executor), templates
+    return BuildsAhead(background, Shared(token=1, context=None), tickets, task, None), templates
 
 
 @pytest.mark.parametrize(("names", "running", "done", "calls", "still_pending"), [
@@ -362,24 +345,6 @@ def test_a_build_a_stand_in_rule_skips_is_dropped_before_its_turn_unless_that_lo
     assert ahead.stop(a) == (not still_pending)
     assert background.calls == calls and ahead.pending(a) == still_pending
     assert ("resume",) not in background.calls  # queued units stay held: the next build waits for a turn
-
-
-def test_a_running_build_is_stopped_and_a_new_worker_whose_group_both_workers_pause_builds_those_queued_after_it():
-    from torch_tweak.torch.tune_strategy.isolated import WorkerContext
-
-    background, main = _Background(running=1), _MainWorker()
-    context = WorkerContext(strategy=None, task=None, paused=((1111, 3),))
-    ahead, (a, b) = _ahead(background, "a", "b", executor=main, context=context)
-    ahead.group = (1111, 3)
-    pause.hold([ahead.group])
-    try:
-        assert ahead.stop(a)
-        assert background.calls == [("drop", 1, "replace"), ("resume",)]
-        assert not ahead.pending(a) and ahead.pending(b)  # b is built by the new worker, ahead of its turn
-        assert main.units == ["pause_groups"] and context.paused == ((4242, 7),)
-        assert ahead.group == (4242, 7) and pause.held() == {(4242, 7)}  # this process and the main worker
-    finally:
-        pause.release([(4242, 7), (1111, 3)])
 
 
 def test_a_running_build_is_not_stopped_while_the_worker_keeps_a_candidate_for_its_sweep():

@@ -11,8 +11,7 @@ The background worker leads a process group of its own and builds at the lowest 
 return to its own to measure: ``utils/priority.py``), so it takes only the cores the other work leaves idle; every
 timed call of the tuning pauses its group (``utils/pause.py``). Units are sent one at a time, so one that is no
 longer wanted can be dropped before it starts; a running one is dropped by killing the worker, and so are the units
-queued after it (the measuring processes pause its group only), unless the caller has a new worker run them and
-tells the measuring processes to pause that one's group (``tune_strategy/ahead.py``). A unit that fails, crashes or
+queued after it (one worker per graph: the measuring processes pause its group only). A unit that fails, crashes or
 runs out of time only loses its head start: the strategy builds the candidate in its turn as usual. A watcher
 process (``utils/group_guard.py``) kills the group when the tuning process dies, even by ``kill -9``: the
 compiler's helpers do not die with the worker, and a group paused at that moment would otherwise stay stopped.
@@ -65,7 +64,7 @@ class BackgroundBuilds:
         self._running: _Unit | None = None
         self._outcomes: dict[int, Outcome] = {}
         self._tickets = itertools.count(1)
-        self._gone: str | None = None  # why the worker is gone: units are not sent to another unless replaced (drop)
+        self._gone: str | None = None  # why the one worker is gone (a replacement would not be in a paused group)
         self._holding = False  # no unit is sent until :meth:`resume`
         self._guard: GroupGuard | None = None
 
@@ -106,17 +105,14 @@ class BackgroundBuilds:
         self.watch()
         return self._running is not None and self._running.ticket == ticket
 
-    def drop(self, ticket: int, replace: bool = False) -> None:
-        """Forget a unit: dequeue it, or kill the worker if it runs it. Units still queued then fail unstarted, a
-        second worker leading a process group the measuring processes were never told to pause; with ``replace`` a
-        new worker runs them, and the caller has the measurements pause its :attr:`group` instead."""
+    def drop(self, ticket: int) -> None:
+        """Forget a unit: dequeue it, or kill the worker if it runs it (units still queued then fail unstarted:
+        a second worker would lead a process group the measuring processes were never told to pause)."""
         self._waiting = [u for u in self._waiting if u.ticket != ticket]
         self._outcomes.pop(ticket, None)
         if self._running is not None and self._running.ticket == ticket:
             self._running = None
             self._kill()
-            if replace:
-                self._gone = None
             self.watch()
 
     def wait(self, ticket: int, time_limit_s: float | None, hold: bool = False) -> Outcome:

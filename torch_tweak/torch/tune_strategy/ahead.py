@@ -19,9 +19,7 @@ twins skip them: there is nothing to overlap; a BERT-base rerun started and stop
 the stand-in rules then skipped), and those a stand-in rule skips whatever the others measure (TorchAO on a graph
 whose ``nn.Linear`` layers do almost nothing; the background worker decides that, as it runs the module). In a candidate's turn the strategy waits for its background build
 if that has started, drops it if it has not (the candidate is then built in its turn from scratch), and drops
-it when a stand-in rule skips the candidate, as soon as the rule applies (a running build is stopped with its
-worker; a new worker, whose group both workers then pause, builds those queued after it:
-:meth:`BuildsAhead.stop`). What a background build does not finish (a failure, a crash, its
+it when a stand-in rule skips the candidate. What a background build does not finish (a failure, a crash, its
 time limit) costs only its head start: the build in turn reports what goes wrong.
 """
 
@@ -40,7 +38,6 @@ from torch_tweak.torch.tune_strategy.isolated import (
     evaluate_candidate,
     forget_built,
     keep_only,
-    pause_groups,
     sweep_candidate,
 )
 from torch_tweak.torch.tune_strategy.result_cache import ResultCache
@@ -55,9 +52,8 @@ class BuildsAhead:
     """The background builds of one graph's candidates, by backend key."""
 
     def __init__(self, background: Background, shared: Shared, tickets: dict[str, int], task: GraphTask,
-                 time_limit_s: float | None, hold_swept: bool = False, executor: Executor | None = None) -> None:
+                 time_limit_s: float | None, hold_swept: bool = False) -> None:
         self._background = background
-        self._executor = executor  # runs the main worker's units (None: the background worker is never replaced)
         self._shared = shared
         self._tickets = tickets
         self._task = task
@@ -158,47 +154,21 @@ class BuildsAhead:
 
     def stop(self, template: Backend) -> bool:
         """A stand-in rule skips ``template`` before its turn: its background build is dropped now (dequeued,
-        released, or stopped while it runs; queued units stay held), unless stopping it would kill the worker while
-        it keeps a candidate. A running build with others queued after it is stopped with its worker, and a new
-        worker (in a new process group, which the measurements of both processes pause from then on) builds those:
-        on a slow 2-core host an MLP's TorchAO build ran on until its turn skipped it, and Inductor, queued behind it,
-        was then built in its own turn (16.3 s; 2.5 s waited for its build ahead with a new worker). Without a way
-        to tell the main worker, that build runs on and its turn drops it (:meth:`skipped`). Returns whether it was
-        dropped."""
+        released, or stopped while it runs), unless stopping it would kill the worker with another build queued or
+        kept there; it then runs on and its turn drops it (:meth:`skipped`). Queued units stay held. Returns
+        whether it was dropped. (A new background worker for the builds queued behind was tried and not kept: its
+        start and its paused lowest-priority build made an MLP's Inductor turn wait 17-18 s, where the main worker
+        built it in 16 s; ``docs/benchmark_history.md``, 2026-12-07.)"""
         ticket = self._tickets.get(template.key())
         running = ticket is not None and self._background.running(ticket)
-        others = running and len(self._tickets) > 1
-        if ticket is None or (running and (self._kept or self._held)) or (others and self._executor is None):
+        if ticket is None or (running and (self._kept or len(self._tickets) > 1)):
             return False
         del self._tickets[template.key()]
         built = not running and self._background.started(ticket)
-        self._background.drop(ticket, replace=others)
+        self._background.drop(ticket)
         if built:
             self._forget_built([template.key()])
-        if others:
-            self._background.resume()  # the next build starts now, in the new worker
-            self._follow_group()
         return True
-
-    def _follow_group(self) -> None:
-        """Pause the group of the new background worker instead of the old one's, here and in the main worker (before
-        its next unit: nothing is submitted meanwhile); without a group to pause, no further build runs ahead."""
-        old, new = self.group, self._background.group
-        if old is not None:
-            pause.release([old])
-        self.group = new
-        if new is None:
-            self._background.close()
-            return
-        pause.hold([new])
-        if self._shared.context is not None:
-            self._shared.context.paused = (new,)  # for a main worker that receives the context from now on
-        if self._executor is not None:
-            outcome = self._executor.submit(self._shared, pause_groups, ((new,),), time_limit_s=self._time_limit_s,
-                                            label=f"{describe_task(self._task)}: pausing the new background worker")
-            if isinstance(failed := outcome.result(), Failure):  # a replaced main worker gets the context's groups
-                logger.info("%s: the main worker was not told the new background worker's group (%s)",
-                            describe_task(self._task), failed.message)
 
     def skipped(self, template: Backend) -> None:
         """``template`` will not be built: its background build is dropped (a running one is stopped)."""
@@ -246,7 +216,7 @@ def start_builds_ahead(strategy: Any, task: GraphTask, executor: Executor | None
         background.close()
         return None
     ahead = BuildsAhead(background, shared, tickets, task, strategy.candidate_time_limit_s,
-                        hold_swept=bool(getattr(strategy, "_contested", False)), executor=executor)
+                        hold_swept=bool(getattr(strategy, "_contested", False)))
     if ahead.group is None:  # no /proc to tell the worker's start time: its group could not be paused safely
         logger.info("%s: no background builds (this system does not show process start times)", describe_task(task))
         ahead.close()

@@ -171,13 +171,6 @@ def forget_built(context: WorkerContext, keys: list[str] | None = None) -> None:
     _return_freed_memory()
 
 
-def pause_groups(context: WorkerContext, groups: tuple[tuple[int, int], ...]) -> None:
-    """In the main worker: pause ``groups`` during measurements from now on (the background worker was replaced by
-    one leading a new process group, ``tune_strategy/ahead.py``)."""
-    context.paused = groups
-    pause.hold_only(groups)
-
-
 def keep_only(context: WorkerContext, keys: list[str]) -> None:
     """In the worker: release the kept candidates whose keys are not in ``keys`` (screened out, or tuning ended)."""
     for key in [k for k in context.kept if k not in keys]:
