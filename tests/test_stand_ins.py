@@ -241,6 +241,27 @@ def test_candidates_take_turns_cheapest_first_but_torchao_before_inductor_where_
         "TorchInductorBackend", "TorchInductorAOTBackend", "TorchAOBackend"]
 
 
+@pytest.mark.parametrize(("saturates", "order"), [
+    (False, ["TorchInductorBackend", "TorchAOBackend"]),
+    (True, ["TorchAOBackend", "TorchInductorBackend"]),
+], ids=["vnni-or-amx", "int8-dot-saturates"])
+def test_inductor_keeps_its_turn_before_torchao_where_a_calibrated_int8_candidate_will_stand_in(
+        monkeypatch: pytest.MonkeyPatch, saturates: bool, order: list[str]) -> None:
+    # OpenVINO's calibrated int8, measured first, skips TorchAO on CPUs whose int8 dot products do not saturate: its
+    # background build would only delay Inductor's, queued behind it in turn order
+    from torch_tweak.torch.tune_strategy import stand_ins
+
+    monkeypatch.setattr(stand_ins, "int8_dot_saturates", lambda: saturates)
+    templates = [TorchAOBackend(), TorchInductorBackend(), OpenVINOBackend(OpenVINOBackendConfig(quantization="int8"))]
+    task = _Task(mlp(), torch.randn(2, 8))
+    task.device = torch.device("cpu")
+    turns = [type(t).__name__ for t, _ in tt.HighestThroughputStrategy(templates)._templates(task)]
+    assert turns == ["TorchEagerBackend", "OpenVINOBackend", *order]
+    task.device = torch.device("xpu")  # no calibrated int8 stand-in off the CPU
+    turns = [type(t).__name__ for t, _ in tt.HighestThroughputStrategy(templates)._templates(task)]
+    assert turns[2:] == ["TorchAOBackend", "TorchInductorBackend"]
+
+
 class _RecordedTask(_Task):
     """The part of a GraphTask that ``kernel_time`` reads: recorded samples with their batch sizes."""
 
