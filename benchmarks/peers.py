@@ -312,7 +312,8 @@ def main() -> None:
         return
     log(f"mode {mode.name}; workloads {args.workloads}; {os.cpu_count()} CPUs; {loads[0]['uptime']}")
     log(f"row 'tt.tune with the task metric': {'included' if task_row['included'] else 'left out'} "
-        f"(--tt-task-metric {args.tt_task_metric}; {signature})")
+        f"(--tt-task-metric {args.tt_task_metric}; FidelityConfig "
+        f"{'takes metric' if supported else 'takes no metric: ' + signature})")
     shutil.rmtree(RUN_DIR, ignore_errors=True)
     RUN_DIR.mkdir(parents=True)
     python: dict[str, Path | None] = {}

@@ -396,8 +396,8 @@ def _notes(data: dict[str, Any]) -> list[str]:
     task_row = meta.get("tt_task_metric")
     if task_row and not task_row.get("included"):
         out.append(f"* Row 'tt.tune with the task metric' not run (--tt-task-metric {task_row['flag']}): the installed "
-                   f"torch_tweak's {task_row['signature']} "
-                   + ("takes no task metric yet." if not task_row["supported"] else "takes metric, but it was turned off."))
+                   + (f"torch_tweak's {task_row['signature']} takes no task metric yet." if not task_row["supported"]
+                      else "torch_tweak's FidelityConfig takes metric, but it was turned off."))
     for workload, systems in data["notes"].items():
         stats = (systems.get("eager") or {}).get("eval_stats")
         if stats:
