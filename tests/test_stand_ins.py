@@ -17,6 +17,7 @@ from torch_tweak.torch.backend import (
     OpenVINOBackend,
     OpenVINOBackendConfig,
     TorchAOBackend,
+    TorchAOBackendConfig,
     TorchInductorAOTBackend,
     TorchInductorBackend,
 )
@@ -258,6 +259,10 @@ def test_inductor_keeps_its_turn_before_torchao_where_a_calibrated_int8_candidat
     turns = [type(t).__name__ for t, _ in tt.HighestThroughputStrategy(templates)._templates(task)]
     assert turns == ["TorchEagerBackend", "OpenVINOBackend", *order]
     task.device = torch.device("xpu")  # no calibrated int8 stand-in off the CPU
+    turns = [type(t).__name__ for t, _ in tt.HighestThroughputStrategy(templates)._templates(task)]
+    assert turns[2:] == ["TorchAOBackend", "TorchInductorBackend"]
+    task.device = torch.device("cpu")  # nor for a TorchAO config other than the default
+    templates[0] = TorchAOBackend(TorchAOBackendConfig(quantization="int8wo"))
     turns = [type(t).__name__ for t, _ in tt.HighestThroughputStrategy(templates)._templates(task)]
     assert turns[2:] == ["TorchAOBackend", "TorchInductorBackend"]
 

@@ -229,7 +229,8 @@ class StandIns:
         if not self.skip_stand_ins or not inductors or all(
                 i < inductors[0] for i, name in enumerate(names) if name == _TORCHAO):
             return templates
-        if _calibrated_int8_ahead(templates[:inductors[0]], task):
+        defaults = all(t.key() == _default_key(_TORCHAO) for (t, _), n in zip(templates, names) if n == _TORCHAO)
+        if defaults and _calibrated_int8_ahead(templates[:inductors[0]], task):
             return templates
         share = probed_linear_share(task)
         if share is None or share < LINEAR_SHARE:
@@ -330,8 +331,8 @@ def _probed(template: Backend, task: GraphTask) -> tuple[float, str] | None:
 
 def _calibrated_int8_ahead(earlier: list[tuple[Backend, str]], task: GraphTask) -> bool:
     """Whether a calibrated int8 candidate among ``earlier`` turns will probably be measured, and so skip TorchAO's
-    default (:meth:`StandIns._measured_stand_in`), before TorchAO's turn: on a CPU whose int8 dot products do not
-    saturate (VNNI or AMX) its int8 layer probe seldom skips it."""
+    default config (:meth:`StandIns._measured_stand_in`; no other), before TorchAO's turn: on a CPU whose int8 dot
+    products do not saturate (VNNI or AMX) its int8 layer probe seldom skips it."""
     return any(t.needs_calibration for t, _ in earlier) and task.device.type == "cpu" and not int8_dot_saturates()
 
 
