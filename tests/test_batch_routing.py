@@ -180,6 +180,39 @@ def test_a_route_to_another_runtime_is_not_kept_when_switching_runtimes_costs_mo
     assert list(wrapped.backends.values())[0].state.value == "active"
 
 
+class _Regrowing(_OtherRuntime):
+    """A call of a larger batch than this backend's previous call pays ``regrow_ms`` more (its buffers grow again),
+    which a sweep, one batch size after another, pays only in its warm-up calls."""
+
+    regrow_ms = 2.0
+    _previous = 0
+
+    def _infer(self, *args, **kwargs):
+        if args[0].shape[0] > self._previous:
+            self.clock.advance(self.regrow_ms / 1000.0)
+        self._previous = args[0].shape[0]
+        return super()._infer(*args, **kwargs)
+
+
+def test_routes_refused_together_are_proposed_again_without_the_sizes_mixed_calls_found_slower(clock):
+    # on paper batch 1 and 2 are faster on the other runtime (0.8 and 1.4 ms against 2.1 and 2.2); in mixed calls
+    # batch 2 follows its batch 1 there and pays 2 ms to grow: together they gain under 5 %, batch 1 alone 2.6x
+    other = _Regrowing(clock, ms_per_call=0.2, ms_per_sample=0.6)
+    main = TimedBackend(clock, ms_per_call=2.0, ms_per_sample=0.1)
+    strat = strategy(tt.HighestThroughputStrategy, clock, [main, other], eager_ms=3.0, eager_per_sample=0.5)
+    wrapped, _, graph = tune(strat)
+    assert graph.chosen == f"BatchRouterBackend(batch<=1: {other.describe()}, batch>=2: {main.describe()})"
+    refused, confirmed = graph.reason.split("; routes to another runtime")[1:]
+    assert refused.startswith(f" ({other.describe()}) were measured on mixed calls and not kept (one call at each "
+                              "batch size [1, 2, 4, 8] in turn, p50 ms per call: 0.8/3.4/2.4/2.8 with the routes vs "
+                              "2.1/2.2/2.4/2.8 without")
+    assert confirmed.startswith(f" ({other.describe()}) confirmed on mixed calls (one call at each batch size "
+                                "[1, 2, 4, 8] in turn, p50 ms per call: 0.8/2.2/2.4/2.8 with the routes vs "
+                                "2.1/2.2/2.4/2.8 without")
+    with torch.no_grad():
+        torch.testing.assert_close(wrapped(torch.ones(2, 8)), mlp()(torch.ones(2, 8)))
+
+
 @pytest.mark.parametrize("switch_ms", [0.0, 1.0])
 def test_a_rerun_reusing_the_results_decides_routes_on_the_mixed_calls_the_first_run_timed(clock, monkeypatch,
                                                                                           switch_ms):
