@@ -52,12 +52,10 @@ def _args() -> argparse.Namespace:
 
 
 def _within(results: dict[str, Any] | None, workload: str, key: str) -> bool | None:
-    """The run's task-bound verdict of ``key`` on ``workload`` (None: not known)."""
-    if results is None:
-        return None
-    record = results.get("records", {}).get(workload, {}).get(key, {})
-    task = (record.get("tune") or {}).get("task") or {}
-    return task.get("within")
+    """The run's task-bound verdict of ``key`` on ``workload`` (None: no results given)."""
+    from peers.serve import within_bound
+
+    return None if results is None else within_bound(results.get("records", {}).get(workload, {}), key)
 
 
 def _ort_calls(path: Path, batches: dict[int, Any]) -> dict[str, dict[int, Callable[[], Any]]]:

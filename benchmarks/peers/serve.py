@@ -49,7 +49,9 @@ def run_rounds(driver: Any, workload: str, entries: dict[str, Any], rounds: int,
             entries[_owner(key)]["serve"].append(driver.run(BY_KEY[key], workload, "serve", batches, tag=f"_{r}"))
 
 
-def _within(entries: dict[str, Any], key: str) -> bool:
+def within_bound(entries: dict[str, Any], key: str) -> bool:
+    """Whether system ``key``'s artifact kept the workload's task metric within its bound (``entries``: the
+    workload's records of a run)."""
     return bool((entries.get(_owner(key), {}).get("tune", {}).get("task") or {}).get("within"))
 
 
@@ -74,7 +76,7 @@ def summarize(results: dict[str, Any], mode: Mode) -> list[dict[str, Any]]:
                                   if r.get("ok") else None for r in records]
             rounds = min(len(v) for v in per_round.values())
             peers = [k for k in keys if BY_KEY[k].peer]
-            in_bound = [k for k in peers if _within(entries, k)]
+            in_bound = [k for k in peers if within_bound(entries, k)]
             one_call = [k for k in in_bound if not BY_KEY[k].concurrent]
             pools = {"best": peers, "in_bound": in_bound, "in_bound_one_call": one_call,
                      "in_bound_torch_io": [k for k in one_call if BY_KEY[k].torch_io]}
@@ -91,7 +93,7 @@ def summarize(results: dict[str, Any], mode: Mode) -> list[dict[str, Any]]:
                             best_in_bound.append(name)
             out.append({"workload": workload, "batch": batch, "rounds": rounds,
                         "systems": {k: {"throughput": _spread([v for v in per_round[k] if v]), "per_round": per_round[k],
-                                        "within_bound": _within(entries, k)} for k in keys},
+                                        "within_bound": within_bound(entries, k)} for k in keys},
                         "x_best_peer": _spread(ratios["best"]), "x_best_in_bound": _spread(ratios["in_bound"]),
                         "x_best_in_bound_one_call": _spread(ratios["in_bound_one_call"]),
                         "x_best_in_bound_torch_io": _spread(ratios["in_bound_torch_io"]),
